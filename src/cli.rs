@@ -1,0 +1,240 @@
+//! The command line, as clap definitions and the small value parsers they use. Nothing here reads
+//! the environment beyond clap's own `env` fallbacks, and nothing here touches the system:
+//! `config.rs` turns these values into a checked `Config`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, ValueEnum};
+use nix::sys::signal::Signal;
+
+/// Run a command as the only holder of a named lease.
+#[derive(Parser, Debug)]
+#[command(
+    name = "leasewrap",
+    version,
+    about = "Run a command as the only holder of a named lease, and stop it before the lease can lapse",
+    long_about = "Run COMMAND as the only holder of the lease NAME: on etcd when endpoints are given, \
+otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
+when each renewal was sent; the child gets a fencing token in LEASEWRAP_FENCING_TOKEN, and its whole \
+process tree is stopped before the lease can lapse. Everything after -- belongs to COMMAND, which is \
+run directly, never through a shell unless -c is given.",
+    after_help = "Exit status: the child's own, or 75 when the lease is held, 124 when it was lost; see the man page."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// How to take the lease and run the child.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Lease name: printable, no '/', 1-128 bytes [default: file name of COMMAND; required with -c]
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Run SHELL STRING through /bin/sh -c instead of COMMAND
+    #[arg(short = 'c', value_name = "SHELL STRING", conflicts_with = "command")]
+    pub shell: Option<String>,
+
+    /// Lease TTL to ask for; the server may grant more (etcd: at least 2s)
+    #[arg(long, value_name = "DUR", env = "LEASEWRAP_TTL", default_value = "10s", value_parser = parse_duration_nonzero)]
+    pub ttl: Duration,
+
+    /// Fail at once if the lease is held
+    #[arg(short = 'n', long)]
+    pub no_wait: bool,
+
+    /// Give up waiting for the lease after DUR (0 = --no-wait) [default: wait forever]
+    #[arg(short = 'w', long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+
+    /// Exit status when the lease was not acquired (held, or the wait ran out)
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 75)]
+    pub conflict_exit_code: u8,
+
+    /// Time between the stop signal and SIGKILL [default: min(2s, TTL/5)]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub kill_after: Option<Duration>,
+
+    /// The stop signal sent to the child's process group
+    #[arg(short = 's', long, value_name = "SIG", default_value = "TERM", value_parser = parse_signal)]
+    pub signal: Signal,
+
+    /// Slack for kill latency and scheduling [default: min(1s, TTL/10)]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub margin: Option<Duration>,
+
+    /// Bound on how much faster the server's clock may run than ours (0.1 = 10 %)
+    #[arg(long, value_name = "F", default_value = "0.1", value_parser = parse_drift)]
+    pub drift: f64,
+
+    /// Exit status after the lease was lost and the child stopped
+    #[arg(long, value_name = "N", default_value_t = 124)]
+    pub lost_exit_code: u8,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]
+    #[arg(long, value_name = "DIR", env = "LEASEWRAP_LOCAL_DIR")]
+    pub local_dir: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// The command to run and its arguments, after --
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Where etcd is and how to talk to it. The ETCDCTL_* fallbacks are applied in config.rs.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConnArgs {
+    /// etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]
+    #[arg(long, value_name = "URLS")]
+    pub endpoints: Option<String>,
+
+    /// Key prefix; '' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]
+    #[arg(long, value_name = "P")]
+    pub prefix: Option<String>,
+
+    /// CA bundle to verify etcd's certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+
+    /// Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]
+    #[arg(long, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+
+    /// Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+
+    /// etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+
+    /// File whose first line is the password [env: LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+
+    /// Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]
+    #[arg(long, value_name = "DUR")]
+    pub dial_timeout: Option<String>,
+}
+
+/// Where log lines go and how they look. They always go to stderr.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LogArgs {
+    /// Log line format on stderr
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "LEASEWRAP_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log errors only
+    #[arg(short = 'q', long, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// Log more (twice: everything)
+    #[arg(short = 'v', long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// Log line format.
+#[derive(ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Parse `500ms`, `10s`, `1.5s`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (write it like 500ms, 10s, 1m)"))?;
+    let scale = match unit {
+        "ms" => 1e-3,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("{s:?} has an unknown unit (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(value * scale).map_err(|_| format!("{s:?} is out of range"))
+}
+
+fn parse_duration_nonzero(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?} must be more than zero")),
+        d => Ok(d),
+    }
+}
+
+/// Parse a signal as `TERM`, `SIGTERM` or `15`.
+pub fn parse_signal(s: &str) -> Result<Signal, String> {
+    let bad = || format!("{s:?} is not a signal (write it like TERM, SIGINT or 9)");
+    if let Ok(n) = s.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| bad());
+    }
+    let upper = s.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse().map_err(|_| bad())
+}
+
+fn parse_drift(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..1.0).contains(&f) => Ok(f),
+        _ => Err(format!(
+            "{s:?} is not a drift bound (a number from 0 to below 1, like 0.1)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_the_units_people_write() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["", "abc", "10x", "-1s", "1e3s", "s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration_nonzero("0s").is_err());
+    }
+
+    #[test]
+    fn signals_take_name_sig_name_or_number() {
+        assert_eq!(parse_signal("TERM"), Ok(Signal::SIGTERM));
+        assert_eq!(parse_signal("sigint"), Ok(Signal::SIGINT));
+        assert_eq!(parse_signal("9"), Ok(Signal::SIGKILL));
+        assert!(parse_signal("NOPE").is_err());
+        assert!(parse_signal("99").is_err());
+    }
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

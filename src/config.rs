@@ -1,0 +1,466 @@
+//! A checked `Config` built from the command line and the environment. Parsing only: nothing here
+//! takes a lock, connects or starts a process; the one thing read from disk is what the options
+//! name (certificates, password file), so that a bad one fails before anything is acquired.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::cli::{parse_duration, ConnArgs, RunArgs};
+use crate::error::{Error, ExitCodes};
+use crate::lease::timing::Params;
+
+/// Everything a run needs, checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Lease name, checked by [`check_name`].
+    pub name: String,
+    /// argv of the child; `-c` becomes `/bin/sh -c STRING`.
+    pub command: Vec<OsString>,
+    /// Timing options, already checked against the validation rule for the asked TTL.
+    pub params: Params,
+    /// How long to wait for a held lease.
+    pub wait: Wait,
+    /// Signal that starts a stop.
+    pub signal: Signal,
+    /// The user's choice of conflict and lost statuses.
+    pub codes: ExitCodes,
+    /// Which backend and how to reach it.
+    pub backend: Backend,
+}
+
+/// How long to wait for a lease someone else holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    Forever,
+    No,
+    For(Duration),
+}
+
+/// The lease service.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// flock on this host; the directory holds lock and token files.
+    Local {
+        dir: PathBuf,
+    },
+    Etcd(EtcdConfig),
+}
+
+/// How to reach etcd.
+#[derive(Clone, Default)]
+pub struct EtcdConfig {
+    /// URLs as given, each with a scheme.
+    pub endpoints: Vec<String>,
+    /// Key prefix; the lock keys are `PREFIX NAME/<lease id hex>`.
+    pub prefix: String,
+    /// PEM of the CA bundle, read at startup.
+    pub ca: Option<Vec<u8>>,
+    /// PEM of the client certificate and key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// User and password; the password is never logged nor passed to the child.
+    pub auth: Option<(String, String)>,
+    /// Bound on reaching etcd before giving up with 69.
+    pub dial_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("tls", &self.ca.is_some())
+            .field("user", &self.auth.as_ref().map(|(u, _)| u))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A way to read environment variables, so tests need not touch the process environment.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The process environment, with empty values treated as unset.
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// First variable of `keys` that is set.
+fn first(env: Env, keys: &[&str]) -> Option<String> {
+    keys.iter().find_map(|k| env(k))
+}
+
+impl Config {
+    /// Check the run options.
+    pub fn from_args(args: &RunArgs, env: Env) -> Result<Config, Error> {
+        let command = child_argv(args)?;
+        let name = match &args.name {
+            Some(n) => n.clone(),
+            None => default_name(&command[0])?,
+        };
+        check_name(&name)?;
+        let params = Params {
+            ttl: args.ttl,
+            kill_after: args.kill_after,
+            margin: args.margin,
+            drift: args.drift,
+        };
+        params
+            .effective(args.ttl)
+            .map_err(|e| Error::Usage(e.to_string()))?;
+        let wait = match (args.no_wait, args.wait) {
+            (true, _) | (false, Some(Duration::ZERO)) => Wait::No,
+            (false, Some(d)) => Wait::For(d),
+            (false, None) => Wait::Forever,
+        };
+        Ok(Config {
+            name,
+            command,
+            params,
+            wait,
+            signal: args.signal,
+            codes: ExitCodes {
+                conflict: args.conflict_exit_code,
+                lost: args.lost_exit_code,
+            },
+            backend: backend(&args.conn, args.local_dir.as_deref(), env)?,
+        })
+    }
+}
+
+fn child_argv(args: &RunArgs) -> Result<Vec<OsString>, Error> {
+    if let Some(script) = &args.shell {
+        if args.name.is_none() {
+            return Err(Error::Usage(
+                "-c needs --name: a shell string has no file name to use".into(),
+            ));
+        }
+        return Ok(vec!["/bin/sh".into(), "-c".into(), script.into()]);
+    }
+    if args.command.is_empty() {
+        return Err(Error::Usage(
+            "no COMMAND given: write it after --, as in `leasewrap --name job -- ./job.sh`".into(),
+        ));
+    }
+    Ok(args.command.clone())
+}
+
+fn default_name(program: &OsString) -> Result<String, Error> {
+    Path::new(program)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "cannot make a lease name from {program:?}: give --name"
+            ))
+        })
+}
+
+/// A lease name is 1-128 bytes of printable characters without '/'.
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::Usage(format!("bad lease name {name:?}: {why}")));
+    if name.is_empty() || name.len() > 128 {
+        return bad("it must be 1 to 128 bytes long");
+    }
+    if name.contains('/') {
+        return bad("it must not contain '/'");
+    }
+    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return bad("it must be printable, without spaces or control characters");
+    }
+    if name == "." || name == ".." {
+        return bad("it must not be . or ..");
+    }
+    Ok(())
+}
+
+/// The backend: etcd when endpoints are configured anywhere, the local one otherwise.
+pub fn backend(conn: &ConnArgs, local_dir: Option<&Path>, env: Env) -> Result<Backend, Error> {
+    let endpoints = conn
+        .endpoints
+        .clone()
+        .or_else(|| first(env, &["LEASEWRAP_ENDPOINTS", "ETCDCTL_ENDPOINTS"]));
+    match endpoints {
+        Some(urls) if !urls.trim().is_empty() => Ok(Backend::Etcd(etcd_config(&urls, conn, env)?)),
+        _ => Ok(Backend::Local {
+            dir: match local_dir {
+                Some(d) => d.to_owned(),
+                None => default_local_dir(env)?,
+            },
+        }),
+    }
+}
+
+fn default_local_dir(env: Env) -> Result<PathBuf, Error> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok("/var/lib/leasewrap".into());
+    }
+    if let Some(state) = env("XDG_STATE_HOME") {
+        return Ok(Path::new(&state).join("leasewrap"));
+    }
+    match env("HOME") {
+        Some(home) => Ok(Path::new(&home).join(".local/state/leasewrap")),
+        None => Err(Error::Usage(
+            "no --local-dir, and neither XDG_STATE_HOME nor HOME is set".into(),
+        )),
+    }
+}
+
+fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Error> {
+    let endpoints = urls
+        .split(',')
+        .map(|u| check_endpoint(u.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prefix = conn
+        .prefix
+        .clone()
+        .or_else(|| env("LEASEWRAP_PREFIX"))
+        .unwrap_or_else(|| "leasewrap/".into());
+    let dial = conn
+        .dial_timeout
+        .clone()
+        .or_else(|| first(env, &["LEASEWRAP_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"]));
+    let dial_timeout = match dial {
+        Some(d) => match parse_duration(&d) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => return Err(Error::Usage("--dial-timeout must be more than zero".into())),
+            Err(e) => return Err(Error::Usage(format!("--dial-timeout: {e}"))),
+        },
+        None => Duration::from_secs(2),
+    };
+    let path = |flag: &Option<PathBuf>, keys: &[&str]| {
+        flag.clone().or_else(|| first(env, keys).map(PathBuf::from))
+    };
+    let ca = path(&conn.cacert, &["LEASEWRAP_CACERT", "ETCDCTL_CACERT"])
+        .map(|p| read_config_file(&p, "--cacert"))
+        .transpose()?;
+    let cert = path(&conn.cert, &["LEASEWRAP_CERT", "ETCDCTL_CERT"]);
+    let key = path(&conn.key, &["LEASEWRAP_KEY_FILE", "ETCDCTL_KEY"]);
+    let identity = match (cert, key) {
+        (Some(c), Some(k)) => Some((
+            read_config_file(&c, "--cert")?,
+            read_config_file(&k, "--key")?,
+        )),
+        (None, None) => None,
+        _ => {
+            return Err(Error::Usage(
+                "--cert and --key go together: give both or neither".into(),
+            ))
+        }
+    };
+    Ok(EtcdConfig {
+        endpoints,
+        prefix,
+        ca,
+        identity,
+        auth: auth(conn, env)?,
+        dial_timeout,
+    })
+}
+
+/// `http://host:port`, `https://host:port`, or `host:port` (taken as http).
+fn check_endpoint(url: &str) -> Result<String, Error> {
+    let bad = || {
+        Error::Usage(format!(
+            "bad endpoint {url:?}: write it like http://10.0.0.5:2379 or https://etcd.example:2379"
+        ))
+    };
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest),
+        Some(_) => return Err(bad()),
+        None => ("http", url),
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-.[]:_".contains(c));
+    if !host_ok || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(bad());
+    }
+    Ok(format!("{scheme}://{rest}"))
+}
+
+fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
+    let Some(user) = conn
+        .user
+        .clone()
+        .or_else(|| first(env, &["LEASEWRAP_USER", "ETCDCTL_USER"]))
+    else {
+        return Ok(None);
+    };
+    let (user, inline) = match user.split_once(':') {
+        Some((u, p)) => (u.to_owned(), Some(p.to_owned())),
+        None => (user, None),
+    };
+    let password = match &conn.password_file {
+        Some(p) => {
+            let text = read_config_file(p, "--password-file")?;
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        }
+        None => inline
+            .or_else(|| first(env, &["LEASEWRAP_PASSWORD", "ETCDCTL_PASSWORD"]))
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "user {user:?} has no password: give --password-file or set LEASEWRAP_PASSWORD"
+                ))
+            })?,
+    };
+    Ok(Some((user, password)))
+}
+
+fn read_config_file(path: &Path, flag: &str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Config(format!("{flag} {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str], env: &[(&str, &str)]) -> Result<Config, Error> {
+        let cli = crate::cli::Cli::try_parse_from(
+            std::iter::once("leasewrap").chain(args.iter().copied()),
+        )
+        .map_err(|e| Error::Usage(e.to_string()))?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let lookup = move |k: &str| env.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        Config::from_args(&cli.run, &lookup)
+    }
+
+    #[test]
+    fn name_defaults_to_the_commands_file_name() {
+        let c = parse(
+            &[
+                "--local-dir",
+                "/tmp/x",
+                "--",
+                "/usr/bin/nightly-report",
+                "a",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.name, "nightly-report");
+    }
+
+    #[test]
+    fn shell_form_needs_a_name() {
+        assert!(matches!(parse(&["-c", "true"], &[]), Err(Error::Usage(_))));
+        let c = parse(
+            &["--name", "j", "--local-dir", "/tmp", "-c", "echo hi"],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.command,
+            vec![OsString::from("/bin/sh"), "-c".into(), "echo hi".into()]
+        );
+    }
+
+    #[test]
+    fn endpoints_fall_back_from_leasewrap_to_etcdctl_variables() {
+        let c = parse(&["--", "true"], &[("ETCDCTL_ENDPOINTS", "10.0.0.5:2379")]).unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.endpoints, vec!["http://10.0.0.5:2379"]);
+        let c = parse(
+            &["--", "true"],
+            &[
+                ("ETCDCTL_ENDPOINTS", "http://a:1"),
+                ("LEASEWRAP_ENDPOINTS", "https://b:2,c:3"),
+            ],
+        )
+        .unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.endpoints, vec!["https://b:2", "http://c:3"]);
+        assert_eq!(e.prefix, "leasewrap/");
+    }
+
+    #[test]
+    fn bad_endpoints_are_usage_errors() {
+        for bad in ["not a url", "ftp://a:1", "host", "http://a:0", "http://:5"] {
+            assert!(
+                matches!(
+                    parse(&["--endpoints", bad, "--", "true"], &[]),
+                    Err(Error::Usage(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn password_comes_from_user_colon_password_or_the_environment() {
+        let c = parse(
+            &["--endpoints", "a:1", "--user", "root:pw", "--", "true"],
+            &[],
+        )
+        .unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.auth, Some(("root".into(), "pw".into())));
+        let c = parse(
+            &["--endpoints", "a:1", "--user", "u", "--", "true"],
+            &[("ETCDCTL_PASSWORD", "x")],
+        )
+        .unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.auth, Some(("u".into(), "x".into())));
+    }
+
+    #[test]
+    fn unreadable_files_are_configuration_errors() {
+        let r = parse(
+            &[
+                "--endpoints",
+                "a:1",
+                "--cacert",
+                "/nonexistent",
+                "--",
+                "true",
+            ],
+            &[],
+        );
+        assert!(matches!(r, Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn wait_zero_means_no_wait() {
+        let c = parse(&["--local-dir", "/tmp", "-w", "0", "--", "true"], &[]).unwrap();
+        assert_eq!(c.wait, Wait::No);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("nightly-report").is_ok());
+        for bad in ["", "a/b", "a b", "..", &"x".repeat(129), "tab\t"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timing_that_does_not_fit_spells_out_the_numbers() {
+        let Err(Error::Usage(msg)) =
+            parse(&["--ttl", "2s", "--kill-after", "2s", "--", "true"], &[])
+        else {
+            panic!("accepted")
+        };
+        assert!(msg.contains("TTL/3 (0.667s)"), "{msg}");
+    }
+}

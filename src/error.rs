@@ -1,0 +1,155 @@
+//! The one error type of leasewrap and the one mapping from errors to exit statuses (SPEC §3).
+
+use std::path::PathBuf;
+
+/// Exit statuses the user can choose (`-E`, `--lost-exit-code`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitCodes {
+    /// Status when the lease was not acquired (busy, or the wait ran out).
+    pub conflict: u8,
+    /// Status after the lease was lost and the child stopped.
+    pub lost: u8,
+}
+
+impl Default for ExitCodes {
+    fn default() -> Self {
+        Self {
+            conflict: 75,
+            lost: 124,
+        }
+    }
+}
+
+/// Every way a leasewrap invocation can end other than the child's own status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("lease {name:?} is held by another process")]
+    Busy { name: String },
+    #[error("gave up waiting for lease {name:?} after {waited}")]
+    WaitTimedOut { name: String, waited: String },
+    #[error("lease {name:?} was lost ({why}); the child was stopped")]
+    Lost { name: String, why: String },
+    #[error("etcd is unreachable: {0}")]
+    Unavailable(String),
+    #[error("etcd refused the credentials: {0}")]
+    Auth(String),
+    #[error("{}: command not found", .0.display())]
+    NotFound(PathBuf),
+    #[error("{}: not executable", .0.display())]
+    NotExecutable(PathBuf),
+    #[error("stale fencing token {given}: {what} has already seen {seen}")]
+    StaleToken { given: u64, seen: u64, what: String },
+    #[error("interrupted by {0} while waiting for the lease; nothing was started")]
+    Interrupted(nix::sys::signal::Signal),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The exit status for this error: the only place that decides it.
+    pub fn code(&self, codes: ExitCodes) -> u8 {
+        match self {
+            Error::Usage(_) => 64,
+            Error::Config(_) => 78,
+            Error::Busy { .. } | Error::WaitTimedOut { .. } => codes.conflict,
+            Error::Lost { .. } => codes.lost,
+            Error::Unavailable(_) => 69,
+            Error::Auth(_) => 77,
+            Error::StaleToken { .. } => 73,
+            Error::NotExecutable(_) => 126,
+            Error::NotFound(_) => 127,
+            Error::Interrupted(sig) => 128 + *sig as u8,
+            Error::Internal(_) => 125,
+        }
+    }
+
+    /// Wrap an I/O failure of leasewrap's own, naming what it was doing.
+    pub fn internal(doing: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
+        Error::Internal(format!("{doing}: {err}"))
+    }
+}
+
+/// The exit status table of SPEC §3, as the man page and README print it.
+pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
+    ("N", "the child exited with status N"),
+    (
+        "128+n",
+        "the child was killed by signal n: leasewrap re-raises n on itself (core dumps off), so a shell sees 128+n",
+    ),
+    ("64", "bad usage: an option, duration, name or URL is wrong"),
+    ("69", "etcd was unreachable before the lease was acquired"),
+    ("73", "fenced-write or fenced-put refused a stale fencing token"),
+    (
+        "75",
+        "the lease is held (--no-wait) or the wait ran out (--wait); --conflict-exit-code changes it",
+    ),
+    ("77", "etcd refused the authentication or the TLS handshake"),
+    ("78", "bad configuration: a certificate or password file is unreadable"),
+    (
+        "124",
+        "the lease was lost and the child was stopped; --lost-exit-code changes it",
+    ),
+    ("125", "leasewrap itself failed"),
+    ("126", "COMMAND was found but is not executable"),
+    ("127", "COMMAND was not found"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal;
+
+    fn code(e: Error) -> u8 {
+        e.code(ExitCodes::default())
+    }
+
+    #[test]
+    fn every_error_maps_to_the_status_the_table_documents() {
+        let documented = |c: u8| EXIT_STATUS_TABLE.iter().any(|(s, _)| *s == c.to_string());
+        let all = [
+            Error::Usage(String::new()),
+            Error::Config(String::new()),
+            Error::Busy { name: "x".into() },
+            Error::Lost {
+                name: "x".into(),
+                why: String::new(),
+            },
+            Error::Unavailable(String::new()),
+            Error::Auth(String::new()),
+            Error::NotFound("x".into()),
+            Error::NotExecutable("x".into()),
+            Error::StaleToken {
+                given: 1,
+                seen: 2,
+                what: String::new(),
+            },
+            Error::Internal(String::new()),
+        ];
+        for e in all {
+            let c = code(e);
+            assert!(documented(c), "status {c} is not in EXIT_STATUS_TABLE");
+        }
+        assert_eq!(code(Error::Interrupted(Signal::SIGTERM)), 143);
+    }
+
+    #[test]
+    fn chosen_codes_replace_conflict_and_lost() {
+        let codes = ExitCodes {
+            conflict: 0,
+            lost: 3,
+        };
+        assert_eq!(Error::Busy { name: "x".into() }.code(codes), 0);
+        assert_eq!(
+            Error::Lost {
+                name: "x".into(),
+                why: String::new()
+            }
+            .code(codes),
+            3
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! leasewrap: run a command as the only holder of a named lease, and stop its whole process tree
+//! before the lease can lapse.
+//!
+//! # Layout
+//!
+//! - `cli`: clap definitions and value parsers; no I/O.
+//! - `config`: a checked `Config` from the command line and the environment.
+//! - `error`: the one error enum and the one mapping to exit statuses.
+//! - `clock`: CLOCK_BOOTTIME behind one small type.
+//! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
+//! - `lease::local`: the flock backend.
+//! - `supervise`: the child's process tree, the watchdog that enforces deadlines, and reaping.
+//! - `run`: the one loop that ties lease, child and signals together.
+//! - `log`: tracing on stderr.
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod lease;
+pub mod log;
+pub mod run;
+pub mod supervise;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::Parser;
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
+
+use crate::config::{process_env, Config};
+use crate::error::ExitCodes;
+use crate::run::Exit;
+
+/// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
+pub fn entry(args: Vec<OsString>) -> Exit {
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    log::init(&cli.run.log);
+    let cfg = match Config::from_args(&cli.run, &process_env) {
+        Ok(cfg) => cfg,
+        Err(e) => return fail(e, ExitCodes::default()),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(error::Error::internal("starting the runtime", e), cfg.codes),
+    };
+    let result = runtime.block_on(run::run(&cfg));
+    // A thread blocked in flock must not keep us from exiting.
+    runtime.shutdown_background();
+    match result {
+        Ok(exit) => exit,
+        Err(e) => fail(e, cfg.codes),
+    }
+}
+
+fn usage_error(e: clap::Error) -> Exit {
+    use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+    if matches!(e.kind(), DisplayHelp | DisplayVersion) {
+        let _ = e.print();
+        return Exit::Code(0);
+    }
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or("bad usage");
+    eprintln!("leasewrap: {}", line.trim_start_matches("error: "));
+    Exit::Code(64)
+}
+
+fn fail(e: error::Error, codes: ExitCodes) -> Exit {
+    tracing::error!("{e}");
+    Exit::Code(e.code(codes))
+}
+
+impl Exit {
+    /// End the process: exit with the code, or die of the child's signal without a core dump.
+    pub fn finish(self) -> ExitCode {
+        match self {
+            Exit::Code(c) => ExitCode::from(c),
+            Exit::Signal(sig) => {
+                reraise(sig);
+                ExitCode::from(128u8.wrapping_add(sig as u8))
+            }
+        }
+    }
+}
+
+/// Die of `sig` the way the child did, so a shell sees the same status. Returns only when the
+/// signal does not kill (its default action is to ignore or stop).
+fn reraise(sig: Signal) {
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit with a valid struct; lowering RLIMIT_CORE has no memory effects.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    // SAFETY: restoring the default action installs no handler code.
+    let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) };
+    let mut set = SigSet::empty();
+    set.add(sig);
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
+    let _ = nix::sys::signal::raise(sig);
+}

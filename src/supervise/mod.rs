@@ -1,0 +1,215 @@
+//! The child's process tree: resolving COMMAND, starting it under the watchdog, and hearing how it
+//! ended. Knows nothing of leases: it is told deadlines and stops, and reports exits.
+//!
+//! leasewrap is a subreaper too, so that if the watchdog itself is killed, the descendants it
+//! leaves behind come to leasewrap, which kills them before it exits.
+
+pub mod protocol;
+pub mod tree;
+pub mod watchdog;
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use nix::unistd::{getpid, Pid};
+use tokio::net::UnixStream;
+
+use crate::clock::BootInstant;
+use crate::error::Error;
+use protocol::{FromWatchdog, ToWatchdog, FRAME};
+
+/// Find COMMAND the way execvp does, and check it can be run: 127 when missing, 126 when not
+/// executable. Done before the lease is taken.
+pub fn resolve(program: &OsStr) -> Result<PathBuf, Error> {
+    let p = Path::new(program);
+    if program.as_bytes().contains(&b'/') {
+        return check_executable(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let mut not_executable = None;
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(p);
+        match check_executable(&candidate) {
+            Ok(found) => return Ok(found),
+            Err(Error::NotExecutable(_)) => not_executable = not_executable.or(Some(candidate)),
+            Err(_) => {}
+        }
+    }
+    Err(match not_executable {
+        Some(c) => Error::NotExecutable(c),
+        None => Error::NotFound(p.to_owned()),
+    })
+}
+
+fn check_executable(p: &Path) -> Result<PathBuf, Error> {
+    let meta = std::fs::metadata(p).map_err(|_| Error::NotFound(p.to_owned()))?;
+    let executable = nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok();
+    if meta.is_file() && executable {
+        Ok(p.to_owned())
+    } else {
+        Err(Error::NotExecutable(p.to_owned()))
+    }
+}
+
+/// What the child is and what it is given.
+pub struct ChildSpec<'a> {
+    /// The program found by [`resolve`].
+    pub program: &'a Path,
+    /// argv as the user gave it; argv\[0\] stays as written.
+    pub argv: &'a [OsString],
+    /// The child's whole environment.
+    pub env: Vec<(OsString, OsString)>,
+    pub stop_signal: Signal,
+    pub kill_after: Duration,
+}
+
+/// How the child's tree is doing, as the watchdog reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The child runs with this pid (and process group).
+    Started(Pid),
+    /// The watchdog began stopping the child because `D - kill_after` came.
+    DeadlinePassed,
+    /// The child ended with this raw wait status and the whole tree is gone.
+    Exited(i32),
+    /// The child could not be executed (errno).
+    SpawnFailed(i32),
+    /// The watchdog died; leasewrap killed what was left of the tree.
+    WatchdogDied,
+}
+
+/// leasewrap's handle on the watchdog and, through it, the child.
+pub struct Supervisor {
+    /// Our end of the socket; `None` after the watchdog went away.
+    socket: UnixStream,
+    /// Bytes of a frame read so far; reading is cancel-safe because it keeps them here.
+    partial: Vec<u8>,
+    watchdog: Child,
+    /// The child's pid, which is its process group, once started.
+    child: Option<Pid>,
+}
+
+impl Supervisor {
+    /// Start the watchdog, which starts the child. Must be called inside the tokio runtime.
+    pub fn spawn(spec: ChildSpec<'_>, deadline: Option<BootInstant>) -> Result<Self, Error> {
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| Error::internal("becoming a subreaper", e))?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| Error::internal("making the watchdog socket", e))?;
+        let theirs = OwnedFd::from(theirs);
+        let fd = theirs.as_raw_fd();
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::internal("finding leasewrap's own binary", e))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg(watchdog::MODE)
+            .arg(fd.to_string())
+            .arg(spec.kill_after.as_nanos().to_string())
+            .arg((spec.stop_signal as i32).to_string())
+            .arg("--")
+            .arg(spec.program)
+            .args(spec.argv)
+            .env_clear()
+            .envs(spec.env)
+            .stdin(Stdio::inherit());
+        // SAFETY: runs in the forked process before exec; fcntl is async-signal-safe, and fd is open
+        // there. Clearing FD_CLOEXEC lets the
+        // watchdog inherit its end of the socket, which is close-on-exec everywhere else.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let watchdog = cmd
+            .spawn()
+            .map_err(|e| Error::internal("starting the watchdog", e))?;
+        drop(theirs);
+        ours.set_nonblocking(true)
+            .map_err(|e| Error::internal("watchdog socket", e))?;
+        let socket =
+            UnixStream::from_std(ours).map_err(|e| Error::internal("watchdog socket", e))?;
+        let mut sup = Self {
+            socket,
+            partial: Vec::with_capacity(FRAME),
+            watchdog,
+            child: None,
+        };
+        sup.send(ToWatchdog::Deadline(deadline));
+        Ok(sup)
+    }
+
+    /// Tell the watchdog something. A full or closed socket means the watchdog is dead, which
+    /// [`Supervisor::next`] reports.
+    pub fn send(&mut self, msg: ToWatchdog) {
+        // A plain write: tokio's try_write refuses until the reactor has seen the socket writable.
+        let _ = nix::unistd::write(&self.socket, &msg.encode());
+    }
+
+    /// The next event. Cancel-safe.
+    pub async fn next(&mut self) -> Event {
+        loop {
+            if self.partial.len() == FRAME {
+                let mut f = [0; FRAME];
+                f.copy_from_slice(&self.partial);
+                self.partial.clear();
+                match FromWatchdog::decode(f) {
+                    Some(msg) => return self.on_message(msg),
+                    None => continue,
+                }
+            }
+            if self.socket.readable().await.is_err() {
+                return self.watchdog_died();
+            }
+            let mut buf = [0; FRAME];
+            let want = FRAME - self.partial.len();
+            match self.socket.try_read(&mut buf[..want]) {
+                Ok(0) => return self.watchdog_died(),
+                Ok(n) => self.partial.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return self.watchdog_died(),
+            }
+        }
+    }
+
+    fn on_message(&mut self, msg: FromWatchdog) -> Event {
+        match msg {
+            FromWatchdog::Started(pid) => {
+                self.child = Some(Pid::from_raw(pid));
+                Event::Started(Pid::from_raw(pid))
+            }
+            FromWatchdog::DeadlinePassed => Event::DeadlinePassed,
+            FromWatchdog::SpawnFailed(errno) => {
+                let _ = self.watchdog.wait();
+                Event::SpawnFailed(errno)
+            }
+            FromWatchdog::Exited(status) => {
+                // The watchdog exits right after this message.
+                let _ = self.watchdog.wait();
+                Event::Exited(status)
+            }
+        }
+    }
+
+    /// The watchdog is gone without a final report: the child got SIGKILL from its
+    /// PR_SET_PDEATHSIG; kill the group and every descendant that came to us, and reap them.
+    fn watchdog_died(&mut self) -> Event {
+        let _ = self.watchdog.kill();
+        // Each blocking wait returns when one process ends; sweep again after it, since a process
+        // killed while forking may leave a new orphan that comes to us. ECHILD: all gone.
+        loop {
+            tree::signal_tree(getpid(), self.child, Signal::SIGKILL);
+            match nix::sys::wait::waitpid(None, None) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return Event::WatchdogDied,
+            }
+        }
+    }
+}

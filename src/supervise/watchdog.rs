@@ -1,0 +1,332 @@
+//! The watchdog: leasewrap re-executed in a hidden mode, parent and subreaper of the child.
+//!
+//! It takes each new deadline `D` over its socket and enforces it on its own CLOCK_BOOTTIME timer,
+//! so the kill does not depend on leasewrap being scheduled: the stop signal goes to the child's
+//! process group at `D - kill_after`, SIGKILL to the group and every descendant at `D`. When the
+//! socket closes (leasewrap died) it kills everything at once. It is single-threaded on purpose:
+//! the child's PR_SET_PDEATHSIG fires when the thread that forked it ends, which is this one.
+//! It never touches the network and never waits on anything but its own three descriptors.
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::{getpid, getppid, Pid};
+
+use super::protocol::{FromWatchdog, ToWatchdog, FRAME};
+use super::tree;
+use crate::clock::BootInstant;
+
+/// The argv word that selects this mode.
+pub const MODE: &str = "__watchdog";
+
+/// How often to look again for descendants that escaped a SIGKILL sweep by forking during it.
+const SWEEP_AGAIN: Duration = Duration::from_millis(20);
+
+/// What the watchdog is told on its command line.
+struct Args {
+    socket: OwnedFd,
+    kill_after: Duration,
+    stop_signal: Signal,
+    argv: Vec<OsString>,
+}
+
+/// The watchdog's whole state.
+struct Watchdog {
+    /// Connection to leasewrap; `None` once it closed.
+    socket: Option<UnixStream>,
+    /// The child: its pid, which is also its process group.
+    child: Pid,
+    /// The child's wait status once it ended.
+    status: Option<WaitStatus>,
+    /// `D`, the SIGKILL instant; none on the local backend.
+    deadline: Option<BootInstant>,
+    kill_after: Duration,
+    stop_signal: Signal,
+    /// SIGKILL time of a stop under way.
+    kill_at: Option<BootInstant>,
+    /// SIGKILL has gone to everything; from now on only sweeping and reaping.
+    killed: bool,
+    timer: TimerFd,
+}
+
+/// Entry point of the hidden mode; never returns.
+pub fn main(args: Vec<OsString>) -> ! {
+    let code = match parse(args).and_then(run) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("leasewrap watchdog: {e}");
+            125
+        }
+    };
+    std::process::exit(code)
+}
+
+fn parse(args: Vec<OsString>) -> io::Result<Args> {
+    let bad = || io::Error::other("bad arguments (this mode is started by leasewrap itself)");
+    let mut it = args.into_iter();
+    let num = |it: &mut std::vec::IntoIter<OsString>| -> io::Result<i64> {
+        it.next()
+            .and_then(|s| s.to_str()?.parse().ok())
+            .ok_or_else(bad)
+    };
+    let fd = num(&mut it)? as i32;
+    let kill_after = Duration::from_nanos(num(&mut it)? as u64);
+    let stop_signal = Signal::try_from(num(&mut it)? as i32).map_err(|_| bad())?;
+    if it.next().as_deref() != Some(std::ffi::OsStr::new("--")) {
+        return Err(bad());
+    }
+    // SAFETY: leasewrap passed this descriptor number; it is open and nothing else in this fresh
+    // process owns it.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    fcntl(socket.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    Ok(Args {
+        socket,
+        kill_after,
+        stop_signal,
+        argv: it.collect(),
+    })
+}
+
+fn run(args: Args) -> io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true)?;
+    // INT, QUIT, HUP and TERM reach leasewrap, which forwards them: the watchdog must outlive
+    // them. SIGCHLD is read from a signalfd. The child gets an empty mask back from Command.
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGHUP,
+        Signal::SIGTERM,
+    ] {
+        mask.add(s);
+    }
+    mask.thread_set_mask()?;
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    let mut socket = UnixStream::from(args.socket);
+    let deadline = match read_frame(&mut socket)?.and_then(ToWatchdog::decode) {
+        Some(ToWatchdog::Deadline(d)) => d,
+        _ => return Err(io::Error::other("expected the first deadline")),
+    };
+    let child = match spawn(&args.argv) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            let _ = socket.write_all(&FromWatchdog::SpawnFailed(errno).encode());
+            return Ok(());
+        }
+    };
+    let _ = socket.write_all(&FromWatchdog::Started(child.as_raw()).encode());
+    let mut w = Watchdog {
+        socket: Some(socket),
+        child,
+        status: None,
+        deadline,
+        kill_after: args.kill_after,
+        stop_signal: args.stop_signal,
+        kill_at: None,
+        killed: false,
+        timer: TimerFd::new(ClockId::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
+    };
+    w.event_loop(&sigfd)
+}
+
+/// Start the child in its own process group, dying with this thread.
+fn spawn(argv: &[OsString]) -> io::Result<Pid> {
+    let parent = getpid();
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[2..]).arg0(&argv[1]).process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
+    // functions (prctl, getppid).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The watchdog may have died between fork and prctl: then nobody would kill us.
+            if getppid() != parent {
+                return Err(io::Error::other("watchdog died during start"));
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    Ok(Pid::from_raw(child.id() as i32))
+}
+
+fn read_frame(socket: &mut UnixStream) -> io::Result<Option<[u8; FRAME]>> {
+    let mut f = [0; FRAME];
+    match socket.read_exact(&mut f) {
+        Ok(()) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl Watchdog {
+    fn event_loop(&mut self, sigfd: &SignalFd) -> io::Result<()> {
+        loop {
+            self.on_time(BootInstant::now());
+            self.arm_timer()?;
+            let (sock_ready, chld_ready) = self.wait(sigfd)?;
+            if sock_ready {
+                self.on_socket();
+            }
+            if chld_ready {
+                while let Ok(Some(_)) = sigfd.read_signal() {}
+            }
+            if self.on_reaped() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Block until the socket, SIGCHLD or the timer has something.
+    fn wait(&self, sigfd: &SignalFd) -> io::Result<(bool, bool)> {
+        let mut fds = vec![
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.timer.as_fd(), PollFlags::POLLIN),
+        ];
+        if let Some(s) = &self.socket {
+            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+        }
+        loop {
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+        if ready(&fds[1]) {
+            let _ = self.timer.wait();
+        }
+        Ok((fds.get(2).is_some_and(ready), ready(&fds[0])))
+    }
+
+    /// Enforce the deadline and any stop under way.
+    fn on_time(&mut self, now: BootInstant) {
+        if self.killed {
+            tree::signal_tree(getpid(), Some(self.child), Signal::SIGKILL);
+            return;
+        }
+        let stop_at = self.deadline.map(|d| d - self.kill_after);
+        if self.deadline.is_some_and(|d| now >= d) || self.kill_at.is_some_and(|k| now >= k) {
+            self.kill_everything();
+        } else if self.kill_at.is_none() && stop_at.is_some_and(|s| now >= s) {
+            self.notify(FromWatchdog::DeadlinePassed);
+            self.begin_stop(self.stop_signal, now);
+        }
+    }
+
+    fn arm_timer(&self) -> io::Result<()> {
+        let next = if self.killed {
+            Some(BootInstant::now() + SWEEP_AGAIN)
+        } else {
+            let stop_at = self.deadline.map(|d| d - self.kill_after);
+            [
+                self.kill_at,
+                self.deadline,
+                stop_at.filter(|_| self.kill_at.is_none()),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+        };
+        match next {
+            Some(t) => self.timer.set(
+                Expiration::OneShot(TimeSpec::from_duration(t.since_boot())),
+                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+            )?,
+            None => self.timer.unset()?,
+        }
+        Ok(())
+    }
+
+    /// Messages from leasewrap, or its death.
+    fn on_socket(&mut self) {
+        let Some(socket) = self.socket.as_mut() else {
+            return;
+        };
+        match read_frame(socket) {
+            Ok(Some(f)) => match ToWatchdog::decode(f) {
+                Some(ToWatchdog::Deadline(d)) if self.kill_at.is_none() => self.deadline = d,
+                Some(ToWatchdog::Deadline(_)) => {} // a stop under way is never called off
+                Some(ToWatchdog::Stop) => self.begin_stop(self.stop_signal, BootInstant::now()),
+                Some(ToWatchdog::Forward(sig)) => {
+                    let sig = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
+                    self.begin_stop(sig, BootInstant::now());
+                }
+                None => {}
+            },
+            // leasewrap is gone: nobody renews the lease any more, kill everything now.
+            Ok(None) | Err(_) => {
+                self.socket = None;
+                self.kill_everything();
+            }
+        }
+    }
+
+    /// Stop signal to the group and every descendant; SIGKILL after kill-after, or at D if sooner.
+    fn begin_stop(&mut self, sig: Signal, now: BootInstant) {
+        if self.killed {
+            return;
+        }
+        tree::signal_tree(getpid(), Some(self.child), sig);
+        let kill_at = now + self.kill_after;
+        let kill_at = self.deadline.map_or(kill_at, |d| d.min(kill_at));
+        self.kill_at = Some(self.kill_at.map_or(kill_at, |k| k.min(kill_at)));
+    }
+
+    fn kill_everything(&mut self) {
+        self.killed = true;
+        tree::signal_tree(getpid(), Some(self.child), Signal::SIGKILL);
+    }
+
+    /// Reap what ended; true when the whole tree is gone and leasewrap was told.
+    fn on_reaped(&mut self) -> bool {
+        let reaped = tree::reap();
+        for (pid, status) in reaped.ended {
+            if pid == self.child {
+                self.status = Some(status);
+            }
+        }
+        if reaped.none_left {
+            let status = self.status.map_or(libc::SIGKILL, raw_status);
+            self.notify(FromWatchdog::Exited(status));
+            return true;
+        }
+        // The child is gone but left descendants behind: they go too.
+        if self.status.is_some() && self.kill_at.is_none() && !self.killed {
+            self.begin_stop(self.stop_signal, BootInstant::now());
+        }
+        false
+    }
+
+    fn notify(&mut self, msg: FromWatchdog) {
+        if let Some(s) = self.socket.as_mut() {
+            let _ = s.write_all(&msg.encode());
+        }
+    }
+}
+
+/// The status word as waitpid(2) gives it, for the parent to decode with the W* macros.
+fn raw_status(status: WaitStatus) -> i32 {
+    match status {
+        WaitStatus::Exited(_, code) => (code & 0xff) << 8,
+        WaitStatus::Signaled(_, sig, core) => sig as i32 | if core { 0x80 } else { 0 },
+        _ => libc::SIGKILL,
+    }
+}

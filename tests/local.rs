@@ -1,0 +1,765 @@
+//! Black-box tests of the built binary on the local backend (flock + token file, no etcd).
+//!
+//! Each test has its own sandbox (temp dir) and lease name, so they run in parallel threads.
+//! Children report what they saw through files; the tests wait for those files, for pids to
+//! die and for exits, always with a bound, never with a blind sleep.
+
+mod support;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use support::*;
+
+/// Time for leasewrap to take a free lease and start its child on a loaded 2-core box.
+const STARTUP: Duration = Duration::from_secs(5);
+
+/// `sh -c` body that prints the fencing token.
+const PRINT_TOKEN: &str = "echo $LEASEWRAP_FENCING_TOKEN";
+
+/// A command that does not exist anywhere on PATH.
+const NO_SUCH_COMMAND: &str = "leasewrap-test-no-such-command";
+
+/// Runs a child that prints its token, asserts success, and returns the token.
+#[track_caller]
+fn token_run(sb: &Sandbox, name: &str, extra: &[&str]) -> u64 {
+    let out = sb
+        .leasewrap()
+        .name(name)
+        .args(extra)
+        .cmd(&["sh", "-c", PRINT_TOKEN])
+        .output();
+    assert_exit(&out, 0);
+    out.stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("token {:?}: {e}", out.stdout))
+}
+
+/// A leasewrap holding a lease until the test lets its child finish.
+struct Holder {
+    run: Running,
+    /// Created by the test to let the child exit.
+    release: PathBuf,
+    /// Kills the child if the binary failed to, so a failing test leaves nothing running.
+    _child: KillOnDrop,
+}
+
+/// Starts a holder of `name` whose child runs until `release()`; returns once the child runs.
+#[track_caller]
+fn hold(sb: &Sandbox, name: &str, label: &str) -> Holder {
+    let pid_file = sb.path(&format!("{label}.pid"));
+    let release = sb.path(&format!("{label}.release"));
+    let script = format!(
+        "{}; while [ ! -e {} ]; do sleep 0.02; done",
+        write_pid(&pid_file),
+        q(&release)
+    );
+    let run = sb
+        .leasewrap()
+        .name(name)
+        .cmd(&["sh", "-c", &script])
+        .spawn();
+    let child = read_pid(&pid_file, STARTUP);
+    Holder {
+        run,
+        release,
+        _child: KillOnDrop(vec![child]),
+    }
+}
+
+impl Holder {
+    #[track_caller]
+    fn release(mut self) {
+        fs::write(&self.release, "").expect("create release file");
+        self.run.wait_timeout(STARTUP);
+        assert_exit(&self.run, 0);
+    }
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn fencing_token_grows_by_one_per_run_and_name_is_set() {
+    let sb = Sandbox::new();
+    for expected in 1..=3 {
+        let out = sb
+            .leasewrap()
+            .name("tokens")
+            .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN $LEASEWRAP_NAME"])
+            .output();
+        assert_exit(&out, 0);
+        assert_eq!(
+            out.stdout,
+            format!("{expected} tokens\n"),
+            "run {expected}{}",
+            out.context()
+        );
+    }
+    assert_eq!(sb.token("tokens"), Some(3), "token file after three runs");
+}
+
+#[test]
+fn no_wait_exits_75_while_the_lease_is_held() {
+    let sb = Sandbox::new();
+    let holder = hold(&sb, "busy", "first");
+    let marker = sb.path("second.ran");
+    let out = sb
+        .leasewrap()
+        .name("busy")
+        .args(&["-n"])
+        .cmd(&["touch", path_str(&marker)])
+        .output();
+    assert_exit(&out, 75);
+    assert!(
+        !marker.exists(),
+        "the second command ran although the lease was held"
+    );
+    holder.release();
+    assert_eq!(sb.token("busy"), Some(1), "the refused run moved the token");
+}
+
+#[test]
+fn no_wait_with_conflict_exit_code_0_exits_0_without_running() {
+    let sb = Sandbox::new();
+    let holder = hold(&sb, "busy0", "first");
+    let marker = sb.path("second.ran");
+    let out = sb
+        .leasewrap()
+        .name("busy0")
+        .args(&["-n", "-E", "0"])
+        .cmd(&["touch", path_str(&marker)])
+        .output();
+    assert_exit(&out, 0);
+    assert!(
+        !marker.exists(),
+        "the second command ran although the lease was held"
+    );
+    holder.release();
+}
+
+#[test]
+fn bounded_wait_gives_up_with_75_after_the_wait() {
+    let sb = Sandbox::new();
+    let holder = hold(&sb, "waiting", "first");
+    let marker = sb.path("second.ran");
+    let out = sb
+        .leasewrap()
+        .name("waiting")
+        .args(&["-w", "300ms"])
+        .cmd(&["touch", path_str(&marker)])
+        .output();
+    assert_exit(&out, 75);
+    assert!(
+        out.elapsed >= Duration::from_millis(300),
+        "gave up after {:?}",
+        out.elapsed
+    );
+    assert!(
+        !marker.exists(),
+        "the second command ran although the lease was held"
+    );
+    holder.release();
+}
+
+#[test]
+fn child_exit_status_passes_through() {
+    let sb = Sandbox::new();
+    for code in [0, 7] {
+        let out = sb
+            .leasewrap()
+            .name("status")
+            .cmd(&["sh", "-c", &format!("exit {code}")])
+            .output();
+        assert_exit(&out, code);
+    }
+}
+
+#[test]
+fn child_killed_by_sigsegv_makes_leasewrap_die_of_sigsegv_without_core() {
+    let out = Leasewrap::new()
+        .name("segv")
+        .cmd(&["sh", "-c", "ulimit -c 0; kill -SEGV $$"])
+        .output();
+    assert_signaled(&out, Signal::SIGSEGV);
+    assert!(
+        !out.status.core_dumped(),
+        "leasewrap dumped core re-raising SIGSEGV"
+    );
+}
+
+#[test]
+fn child_killed_by_sigkill_makes_leasewrap_die_of_sigkill() {
+    let out = Leasewrap::new()
+        .name("selfkill")
+        .cmd(&["sh", "-c", "kill -KILL $$"])
+        .output();
+    assert_signaled(&out, Signal::SIGKILL);
+}
+
+#[test]
+fn a_shell_sees_139_and_137_when_the_child_dies_of_sigsegv_and_sigkill() {
+    for (sig, shell_status) in [("SEGV", "139"), ("KILL", "137")] {
+        let out = Leasewrap::new()
+            .name("shellsees")
+            .cmd(&["sh", "-c", &format!("ulimit -c 0; kill -{sig} $$")])
+            .via_shell()
+            .output();
+        assert_exit(&out, 0);
+        assert_eq!(
+            out.stdout.lines().last(),
+            Some(shell_status),
+            "SIG{sig}{}",
+            out.context()
+        );
+    }
+}
+
+#[test]
+fn missing_command_exits_127_and_does_not_move_the_token() {
+    let sb = Sandbox::new();
+    let out = sb
+        .leasewrap()
+        .name("missing")
+        .cmd(&[NO_SUCH_COMMAND])
+        .output();
+    assert_exit(&out, 127);
+    assert_eq!(
+        sb.token("missing"),
+        None,
+        "a run that never started its command took a token"
+    );
+    assert_eq!(token_run(&sb, "missing", &[]), 1);
+
+    let out = sb
+        .leasewrap()
+        .name("missing")
+        .cmd(&[NO_SUCH_COMMAND])
+        .output();
+    assert_exit(&out, 127);
+    assert_eq!(
+        sb.token("missing"),
+        Some(1),
+        "a run that never started its command moved the token"
+    );
+    assert_eq!(token_run(&sb, "missing", &[]), 2);
+}
+
+#[test]
+fn non_executable_command_exits_126_and_acquires_nothing() {
+    let sb = Sandbox::new();
+    let marker = sb.path("ran");
+    let file = sb.path("not-executable");
+    fs::write(&file, format!("#!/bin/sh\ntouch {}\n", q(&marker))).expect("write file");
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = sb
+        .leasewrap()
+        .name("noexec")
+        .cmd(&[path_str(&file)])
+        .output();
+    assert_exit(&out, 126);
+    assert!(!marker.exists(), "the non-executable file ran");
+    assert_eq!(
+        sb.token("noexec"),
+        None,
+        "a run that never started its command took a token"
+    );
+}
+
+#[test]
+fn missing_command_is_reported_before_waiting_for_a_busy_lease() {
+    let sb = Sandbox::new();
+    let holder = hold(&sb, "checkfirst", "first");
+    // No -n: if the command were resolved only after acquiring, this would wait for the holder.
+    let out = sb
+        .leasewrap()
+        .name("checkfirst")
+        .cmd(&[NO_SUCH_COMMAND])
+        .output();
+    assert_exit(&out, 127);
+    holder.release();
+}
+
+/// Sends `sig` to a holder whose child and grandchild trap it, with a second holder already
+/// waiting: both traps run, the tree is gone when leasewrap exits with the child's status,
+/// and the waiter starts at once with the next token.
+fn stop_signal_reaches_the_tree_and_hands_over(sig: Signal) {
+    let sb = Sandbox::new();
+    let name = "handover";
+    let trap = &sig.as_str()["SIG".len()..];
+    let grandchild = sb.script(
+        "grandchild.sh",
+        &format!(
+            "trap 'echo $$ > {got}; exit 0' {trap}\n{pid}\nsleep 60\necho woke > {got}.late",
+            got = q(&sb.path("grandchild.got")),
+            pid = write_pid(&sb.path("grandchild.pid")),
+        ),
+    );
+    // The grandchild runs in the foreground: a background job of sh would ignore SIGINT.
+    let child = sb.script(
+        "child.sh",
+        &format!(
+            "trap 'echo $$ > {got}; exit 42' {trap}\n{pid}\n{gc}\necho woke > {got}.late",
+            got = q(&sb.path("child.got")),
+            pid = write_pid(&sb.path("child.pid")),
+            gc = q(&grandchild),
+        ),
+    );
+    let mut first = sb.leasewrap().name(name).cmd(&[path_str(&child)]).spawn();
+    let child_pid = read_pid(&sb.path("child.pid"), STARTUP);
+    let grandchild_pid = read_pid(&sb.path("grandchild.pid"), STARTUP);
+    let _guard = KillOnDrop(vec![child_pid, grandchild_pid]);
+    let watchdog = ppid_of(child_pid).expect("the child's parent");
+
+    let second_token = sb.path("second.token");
+    let mut second = sb
+        .leasewrap()
+        .name(name)
+        .cmd(&["sh", "-c", &format!("{PRINT_TOKEN} > {}", q(&second_token))])
+        .spawn();
+    let lock = fs::canonicalize(sb.lock_file(name)).expect("lock file of the first holder");
+    wait_until(
+        STARTUP,
+        "the second holder to open the lock file and queue",
+        || has_open(second.pid(), &lock),
+    );
+
+    first.kill(sig);
+    first.wait_timeout(STARTUP);
+    assert_exit(&first, 42);
+    assert!(sb.path("child.got").exists(), "the child never saw {sig}");
+    assert!(
+        sb.path("grandchild.got").exists(),
+        "the grandchild never saw {sig}"
+    );
+    for (what, pid) in [
+        ("child", child_pid),
+        ("grandchild", grandchild_pid),
+        ("watchdog", watchdog),
+    ] {
+        assert!(
+            !pid_alive(pid),
+            "{what} (pid {pid}) outlived leasewrap: {}",
+            cmdline(pid)
+        );
+    }
+    let token = read_line_file(&second_token, Duration::from_secs(2));
+    assert_eq!(token, "2", "token of the waiter that took over");
+    second.wait_timeout(STARTUP);
+    assert_exit(&second, 0);
+}
+
+#[test]
+fn sigterm_reaches_child_and_grandchild_and_the_waiter_takes_over_at_once() {
+    stop_signal_reaches_the_tree_and_hands_over(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_reaches_child_and_grandchild_and_the_waiter_takes_over_at_once() {
+    stop_signal_reaches_the_tree_and_hands_over(Signal::SIGINT);
+}
+
+#[test]
+fn sighup_reaches_child_and_grandchild_and_the_waiter_takes_over_at_once() {
+    stop_signal_reaches_the_tree_and_hands_over(Signal::SIGHUP);
+}
+
+/// A holder whose child ignores SIGTERM and has started a daemon (setsid + double fork,
+/// also ignoring SIGTERM): the pids of leasewrap's whole tree.
+struct Tree {
+    leasewrap: Running,
+    child: i32,
+    watchdog: i32,
+    daemon: i32,
+    _guard: KillOnDrop,
+}
+
+const TREE_KILL_AFTER: &str = "500ms";
+
+/// kill-after + 1 s, as the spec promises for a SIGKILLed leasewrap or watchdog.
+const TREE_DEATH_BOUND: Duration = Duration::from_millis(1500);
+
+fn start_tree(sb: &Sandbox, name: &str) -> Tree {
+    let daemon = sb.script(
+        "daemon.sh",
+        &format!(
+            "trap '' TERM\n{}\nexec sleep 60",
+            write_pid(&sb.path("daemon.pid"))
+        ),
+    );
+    let child = sb.script(
+        "child.sh",
+        &format!(
+            "setsid sh -c '\"$0\" &' {} </dev/null >/dev/null 2>&1\ntrap '' TERM\n{}\nexec sleep 60",
+            q(&daemon),
+            write_pid(&sb.path("child.pid")),
+        ),
+    );
+    let leasewrap = sb
+        .leasewrap()
+        .name(name)
+        .args(&["--kill-after", TREE_KILL_AFTER])
+        .cmd(&[path_str(&child)])
+        .spawn();
+    let child = read_pid(&sb.path("child.pid"), STARTUP);
+    let daemon = read_pid(&sb.path("daemon.pid"), STARTUP);
+    let _guard = KillOnDrop(vec![child, daemon]);
+    let watchdog = ppid_of(child).expect("the child's parent");
+    assert_ne!(
+        watchdog,
+        leasewrap.pid(),
+        "the child's parent is leasewrap itself, not a watchdog"
+    );
+    assert_eq!(
+        ppid_of(watchdog),
+        Some(leasewrap.pid()),
+        "the watchdog is not leasewrap's child"
+    );
+    Tree {
+        leasewrap,
+        child,
+        watchdog,
+        daemon,
+        _guard,
+    }
+}
+
+impl Tree {
+    #[track_caller]
+    fn assert_gone(&self) {
+        assert_all_die_within(
+            TREE_DEATH_BOUND,
+            &[
+                ("child", self.child),
+                ("watchdog", self.watchdog),
+                ("daemon", self.daemon),
+            ],
+        );
+    }
+}
+
+#[test]
+fn sigkill_to_leasewrap_kills_the_whole_tree_including_a_daemon() {
+    let sb = Sandbox::new();
+    let mut tree = start_tree(&sb, "killed");
+    tree.leasewrap.kill(Signal::SIGKILL);
+    tree.leasewrap.wait_timeout(Duration::from_secs(1));
+    assert_signaled(&tree.leasewrap, Signal::SIGKILL);
+    tree.assert_gone();
+    assert_eq!(
+        token_run(&sb, "killed", &["-n"]),
+        2,
+        "token of the next holder"
+    );
+}
+
+#[test]
+fn sigkill_to_the_watchdog_kills_the_whole_tree_including_a_daemon() {
+    let sb = Sandbox::new();
+    let mut tree = start_tree(&sb, "watchdog");
+    signal::kill(Pid::from_raw(tree.watchdog), Signal::SIGKILL).expect("kill the watchdog");
+    tree.assert_gone();
+    tree.leasewrap.wait_timeout(STARTUP);
+    assert_eq!(
+        token_run(&sb, "watchdog", &["-n"]),
+        2,
+        "token of the next holder"
+    );
+}
+
+#[test]
+fn child_ignoring_sigterm_is_sigkilled_after_kill_after() {
+    let sb = Sandbox::new();
+    let pid_file = sb.path("child.pid");
+    let mut lw = sb
+        .leasewrap()
+        .name("stubborn")
+        .args(&["--kill-after", "1s"])
+        .cmd(&[
+            "sh",
+            "-c",
+            &format!("trap '' TERM; {}; exec sleep 60", write_pid(&pid_file)),
+        ])
+        .spawn();
+    let child = read_pid(&pid_file, STARTUP);
+    let _guard = KillOnDrop(vec![child]);
+    let sent = Instant::now();
+    lw.kill(Signal::SIGTERM);
+    lw.wait_timeout(Duration::from_secs(4));
+    let elapsed = sent.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(1),
+        "leasewrap exited {elapsed:?} after SIGTERM, before --kill-after"
+    );
+    assert!(
+        !pid_alive(child),
+        "the child outlived leasewrap: {}",
+        cmdline(child)
+    );
+}
+
+/// `ls -l /proc/PID/fd` output as (fd, target) pairs.
+fn fd_table(listing: &str) -> Vec<(u32, String)> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let (left, target) = line.split_once(" -> ")?;
+            let fd = left.split_whitespace().last()?.parse().ok()?;
+            Some((fd, target.to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn child_has_only_stdin_stdout_and_stderr_open() {
+    // sh forks ls (not the last command, so no exec) and ls lists the shell's table.
+    let list_fds = "ls -l /proc/$$/fd; :";
+    let baseline = Command::new("sh")
+        .args(["-c", list_fds])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh directly");
+    // Whatever the test process itself lets children inherit is not leasewrap's doing.
+    let inherited = fd_table(&String::from_utf8_lossy(&baseline.stdout));
+
+    let out = Leasewrap::new()
+        .name("fds")
+        .cmd(&["sh", "-c", list_fds])
+        .output();
+    assert_exit(&out, 0);
+    let table = fd_table(&out.stdout);
+    let fds: Vec<u32> = table.iter().map(|(fd, _)| *fd).collect();
+    assert!(
+        fds.starts_with(&[0, 1, 2]),
+        "child lacks one of 0, 1, 2:\n{}",
+        out.stdout
+    );
+    let leaked: Vec<_> = table
+        .iter()
+        .filter(|e| e.0 > 2 && !inherited.contains(e))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "leasewrap's fds leaked into the child: {leaked:?}\n{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn child_environment_has_token_and_name_but_no_secrets() {
+    let sb = Sandbox::new();
+    let socket_path = sb.path("notify.sock");
+    let _socket = UnixDatagram::bind(&socket_path).expect("bind notify socket");
+    let out = sb
+        .leasewrap()
+        .name("envcheck")
+        .env("LEASEWRAP_PASSWORD", "s3cret-leasewrap")
+        .env("ETCDCTL_PASSWORD", "s3cret-etcdctl")
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("UNRELATED_VARIABLE", "kept")
+        .cmd(&["env"])
+        .output();
+    assert_exit(&out, 0);
+    let vars: Vec<(&str, &str)> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .collect();
+    let get = |key: &str| vars.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    assert_eq!(get("LEASEWRAP_FENCING_TOKEN"), Some("1"), "{}", out.stdout);
+    assert_eq!(get("LEASEWRAP_NAME"), Some("envcheck"), "{}", out.stdout);
+    assert_eq!(get("UNRELATED_VARIABLE"), Some("kept"), "{}", out.stdout);
+    for key in ["LEASEWRAP_PASSWORD", "ETCDCTL_PASSWORD", "NOTIFY_SOCKET"] {
+        assert_eq!(get(key), None, "{key} reached the child");
+    }
+    assert!(
+        !out.stdout.contains("s3cret"),
+        "a password reached the child:\n{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn removing_the_lock_file_stops_the_child_and_exits_124() {
+    let sb = Sandbox::new();
+    let pid_file = sb.path("child.pid");
+    let mut lw = sb
+        .leasewrap()
+        .name("unlinked")
+        .args(&["--ttl", "1s"])
+        .cmd(&[
+            "sh",
+            "-c",
+            &format!("{}; exec sleep 60", write_pid(&pid_file)),
+        ])
+        .spawn();
+    let child = read_pid(&pid_file, STARTUP);
+    let _guard = KillOnDrop(vec![child]);
+    fs::remove_file(sb.lock_file("unlinked")).expect("remove the lock file");
+    lw.wait_timeout(Duration::from_secs(3));
+    assert_exit(&lw, 124);
+    assert!(
+        !pid_alive(child),
+        "the child outlived leasewrap: {}",
+        cmdline(child)
+    );
+}
+
+#[test]
+fn shell_string_without_a_name_exits_64_and_runs_nothing() {
+    let sb = Sandbox::new();
+    let marker = sb.path("ran");
+    let out = sb
+        .leasewrap()
+        .shell(&format!("touch {}", q(&marker)))
+        .output();
+    assert_exit(&out, 64);
+    assert!(!marker.exists(), "the shell string ran");
+    assert!(
+        sb.token_files().is_empty(),
+        "acquired: {:?}",
+        sb.token_files()
+    );
+}
+
+#[test]
+fn shell_string_runs_through_bin_sh() {
+    let out = Leasewrap::new()
+        .name("shellstr")
+        .shell("echo hi; echo $((1 + 2))")
+        .output();
+    assert_exit(&out, 0);
+    assert_eq!(out.stdout, "hi\n3\n");
+}
+
+/// Runs leasewrap with `args` (and, if `with_command`, a command leaving a marker) in a fresh
+/// sandbox; returns its one stderr line, or everything that was wrong with the rejection.
+fn rejection(args: &[&str], with_command: bool, code: i32) -> Result<String, String> {
+    let sb = Sandbox::new();
+    let marker = sb.path("ran");
+    let mut lw = sb.leasewrap().args(args);
+    if with_command {
+        lw = lw.cmd(&["touch", path_str(&marker)]);
+    }
+    let out = lw.output();
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let mut problems = Vec::new();
+    if out.status.code() != Some(code) {
+        problems.push(format!("{} instead of exit {code}", out.status));
+    }
+    if lines.len() != 1 {
+        problems.push(format!("{} lines on stderr instead of 1", lines.len()));
+    }
+    if marker.exists() {
+        problems.push("the command ran".to_owned());
+    }
+    if !sb.token_files().is_empty() {
+        problems.push(format!("acquired: {:?}", sb.token_files()));
+    }
+    match problems.is_empty() {
+        true => Ok(lines[0].to_owned()),
+        false => Err(format!(
+            "{args:?}: {}\n    stderr: {:?}",
+            problems.join("; "),
+            out.stderr
+        )),
+    }
+}
+
+/// Checks every case and panics once, listing all the cases that were not rejected properly.
+#[track_caller]
+fn assert_all_rejected(cases: &[Vec<&str>], code: i32) {
+    let failures: Vec<String> = cases
+        .iter()
+        .map(|args| {
+            let mut args = args.clone();
+            if !args.contains(&"--name") {
+                args.extend(["--name", "bad-input"]);
+            }
+            rejection(&args, true, code)
+        })
+        .filter_map(Result::err)
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn nonsense_for_any_option_exits_64_with_one_line_and_acquires_nothing() {
+    let long_name = "a".repeat(200);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--ttl", "abc"],
+        vec!["--ttl", "0"],
+        vec!["--wait", "xyz"],
+        vec!["-E", "notanumber"],
+        vec!["--kill-after", "-1"],
+        vec!["-s", "NOTASIGNAL"],
+        vec!["--margin", "x"],
+        vec!["--drift", "-1"],
+        vec!["--lost-exit-code", "999"],
+        vec!["--name", "a/b"],
+        vec!["--name", ""],
+        vec!["--name", &long_name],
+        vec!["--endpoints", "not a url"],
+        vec!["--log-format", "xml"],
+        vec!["--dial-timeout", "0x"],
+    ];
+    assert_all_rejected(&cases, 64);
+}
+
+#[test]
+fn unreadable_cacert_or_password_file_exits_78_and_acquires_nothing() {
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--cacert", "/nonexistent/leasewrap-test-ca.pem"],
+        vec!["--password-file", "/nonexistent/leasewrap-test-password"],
+    ];
+    assert_all_rejected(&cases, 78);
+}
+
+#[test]
+fn unsafe_timing_combination_exits_64_and_spells_out_the_numbers() {
+    // TTL/3 (667ms) + kill-after (2s) + margin (200ms) is not below TTL/1.1 (1.818s).
+    let line = rejection(
+        &["--name", "timing", "--ttl", "2s", "--kill-after", "2s"],
+        true,
+        64,
+    )
+    .unwrap_or_else(|problems| panic!("{problems}"));
+    assert!(
+        line.to_lowercase().contains("kill"),
+        "message does not name kill-after: {line}"
+    );
+    assert!(
+        line.contains("818") || line.contains("1.82"),
+        "message lacks TTL/(1+drift) = 1.818s: {line}"
+    );
+}
+
+#[test]
+fn no_command_at_all_exits_64() {
+    let cases: [&[&str]; 3] = [&[], &["--name", "nocmd"], &["--name", "nocmd", "--"]];
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|args| rejection(args, false, 64).err())
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

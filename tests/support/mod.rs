@@ -1,0 +1,562 @@
+//! Test support: a builder over the built `leasewrap` binary, bounded waits on observable
+//! events, and `/proc` readers for checking what is left of a process tree.
+//!
+//! Nothing here sleeps to "let things settle": every wait polls for an event and panics with
+//! what it was waiting for once its bound runs out.
+#![allow(dead_code)]
+
+pub mod etcd;
+pub mod proxy;
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_leasewrap");
+
+/// How long `output()` lets a run take before calling it hung.
+pub const RUN_BOUND: Duration = Duration::from_secs(10);
+
+/// How often bounded waits look again.
+const POLL: Duration = Duration::from_millis(5);
+
+/// How long to wait for a pipe's EOF once the process is gone (a leaked descendant may hold it).
+const PIPE_EOF_BOUND: Duration = Duration::from_secs(1);
+
+/// One test's private corner of the file system: markers and scripts in the root, the local
+/// backend's state in `state/`.
+pub struct Sandbox {
+    /// Removed on drop, with everything the test wrote.
+    root: TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("leasewrap-test-")
+            .tempdir()
+            .expect("create temp dir");
+        fs::create_dir(root.path().join("state")).expect("create state dir");
+        Sandbox { root }
+    }
+
+    /// A path for a marker or script file of this test.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    /// The `--local-dir` of every leasewrap this sandbox builds.
+    pub fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    pub fn lock_file(&self, name: &str) -> PathBuf {
+        self.state().join(format!("{name}.lock"))
+    }
+
+    pub fn token_file(&self, name: &str) -> PathBuf {
+        self.state().join(format!("{name}.token"))
+    }
+
+    /// The counter of the local backend, or None while no run has ever taken the lease.
+    #[track_caller]
+    pub fn token(&self, name: &str) -> Option<u64> {
+        let path = self.token_file(name);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("read {}: {e}", path.display()),
+        };
+        let token = text.trim().parse().unwrap_or_else(|e| {
+            panic!(
+                "{} holds {text:?}, not a decimal token: {e}",
+                path.display()
+            )
+        });
+        Some(token)
+    }
+
+    /// Every `*.token` file under the state dir: empty as long as nothing was acquired.
+    pub fn token_files(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+            for entry in fs::read_dir(dir).expect("read state dir").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.to_string_lossy().ends_with(".token") {
+                    found.push(path);
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(&self.state(), &mut found);
+        found
+    }
+
+    /// A leasewrap whose `--local-dir` is this sandbox's state dir.
+    pub fn leasewrap(&self) -> Leasewrap {
+        Leasewrap::new().local_dir(self.state())
+    }
+
+    /// Writes an executable `#!/bin/sh` script and returns its path.
+    pub fn script(&self, rel: &str, body: &str) -> PathBuf {
+        let path = self.path(rel);
+        fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write script");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod script");
+        path
+    }
+}
+
+/// Single-quotes a path for a shell script (temp dir paths hold no quote).
+pub fn q(path: &Path) -> String {
+    let text = path.to_str().expect("utf-8 path");
+    assert!(!text.contains('\''), "path with a quote: {text}");
+    format!("'{text}'")
+}
+
+/// A shell snippet that writes `$$` to `path` in one step (temp file, then rename), so a
+/// reader never sees half of it.
+pub fn write_pid(path: &Path) -> String {
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    format!(
+        "echo $$ > {tmp} && mv {tmp} {dst}",
+        tmp = q(&tmp),
+        dst = q(path)
+    )
+}
+
+/// Builder for one run of the binary.
+pub struct Leasewrap {
+    /// `--local-dir`; a fresh temp dir when not given.
+    local_dir: Option<PathBuf>,
+    /// Options before COMMAND, in order.
+    args: Vec<OsString>,
+    /// `-- COMMAND...` or `-c STRING`; empty for "no command at all".
+    tail: Vec<OsString>,
+    /// Variables set on top of the cleaned environment.
+    envs: Vec<(OsString, OsString)>,
+    /// Run it as `sh -c '"$@"; echo $?'` so stdout carries the status a shell sees.
+    via_shell: bool,
+}
+
+impl Default for Leasewrap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Leasewrap {
+    pub fn new() -> Self {
+        Leasewrap {
+            local_dir: None,
+            args: Vec::new(),
+            tail: Vec::new(),
+            envs: Vec::new(),
+            via_shell: false,
+        }
+    }
+
+    pub fn local_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.local_dir = Some(dir.into());
+        self
+    }
+
+    pub fn name(self, name: &str) -> Self {
+        self.args(&["--name", name])
+    }
+
+    pub fn args<S: AsRef<OsStr>>(mut self, args: &[S]) -> Self {
+        self.args.extend(args.iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<OsStr>) -> Self {
+        self.envs.push((key.into(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// `-- COMMAND [ARG]...`
+    pub fn cmd<S: AsRef<OsStr>>(mut self, argv: &[S]) -> Self {
+        self.tail = std::iter::once(OsString::from("--"))
+            .chain(argv.iter().map(|a| a.as_ref().to_owned()))
+            .collect();
+        self
+    }
+
+    /// `-c 'SHELL STRING'`
+    pub fn shell(mut self, script: &str) -> Self {
+        self.tail = vec!["-c".into(), script.into()];
+        self
+    }
+
+    /// Runs leasewrap under `sh -c '"$@"; echo $?'`: stdout then ends with the status a shell saw.
+    pub fn via_shell(mut self) -> Self {
+        self.via_shell = true;
+        self
+    }
+
+    pub fn spawn(self) -> Running {
+        let (local_dir, owned_dir) = match self.local_dir {
+            Some(dir) => (dir, None),
+            None => {
+                let dir = tempfile::tempdir().expect("create temp local dir");
+                (dir.path().to_owned(), Some(dir))
+            }
+        };
+        let mut argv: Vec<OsString> = vec![BIN.into(), "--local-dir".into(), local_dir.into()];
+        argv.extend(self.args);
+        argv.extend(self.tail);
+        let mut command = if self.via_shell {
+            let mut c = Command::new("/bin/sh");
+            c.args(["-c", "\"$@\"; echo $?", "sh"]).args(&argv);
+            c
+        } else {
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]);
+            c
+        };
+        clean_env(&mut command);
+        command.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
+        let stdout = Capture::start(child.stdout.take().expect("stdout pipe"));
+        let stderr = Capture::start(child.stderr.take().expect("stderr pipe"));
+        Running {
+            child,
+            stdout,
+            stderr,
+            status: None,
+            _local_dir: owned_dir,
+        }
+    }
+
+    /// Runs to the end (bounded by `RUN_BOUND`) and collects both streams.
+    #[track_caller]
+    pub fn output(self) -> Output {
+        let started = Instant::now();
+        let mut running = self.spawn();
+        let status = running.wait_timeout(RUN_BOUND);
+        Output {
+            status,
+            stdout: running.stdout(),
+            stderr: running.stderr(),
+            elapsed: started.elapsed(),
+        }
+    }
+}
+
+/// Takes away everything that could point leasewrap at etcd or leak in from the test runner.
+fn clean_env(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        if k.starts_with("LEASEWRAP_") || k.starts_with("ETCDCTL_") || k == "NOTIFY_SOCKET" {
+            command.env_remove(&key);
+        }
+    }
+}
+
+/// A finished run.
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    /// From just before spawning to the observed exit.
+    pub elapsed: Duration,
+}
+
+/// A pipe drained by a thread, readable at any time.
+struct Capture {
+    /// What has arrived so far.
+    buf: Arc<Mutex<Vec<u8>>>,
+    /// Disconnected once the pipe reached EOF.
+    eof: mpsc::Receiver<()>,
+}
+
+impl Capture {
+    fn start(mut pipe: impl Read + Send + 'static) -> Self {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let (tx, eof) = mpsc::channel::<()>();
+        let sink = Arc::clone(&buf);
+        thread::spawn(move || {
+            let _tx = tx;
+            let mut chunk = [0u8; 4096];
+            // Err (EINTR is retried by std) or 0 both end the stream.
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        });
+        Capture { buf, eof }
+    }
+
+    /// Everything up to EOF, or what came within `PIPE_EOF_BOUND` if a leaked process holds
+    /// the pipe open.
+    fn text(&self) -> String {
+        let _ = self.eof.recv_timeout(PIPE_EOF_BOUND);
+        String::from_utf8_lossy(&self.buf.lock().unwrap()).into_owned()
+    }
+
+    /// What has arrived so far, without waiting.
+    fn so_far(&self) -> String {
+        String::from_utf8_lossy(&self.buf.lock().unwrap()).into_owned()
+    }
+}
+
+/// A leasewrap started with `spawn()`; SIGKILLed and reaped on drop if still running.
+pub struct Running {
+    child: Child,
+    stdout: Capture,
+    stderr: Capture,
+    /// Set once `wait_timeout` saw the exit.
+    status: Option<ExitStatus>,
+    /// Keeps a builder-made `--local-dir` alive as long as the process.
+    _local_dir: Option<TempDir>,
+}
+
+impl Running {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn kill(&self, sig: Signal) {
+        signal::kill(Pid::from_raw(self.pid()), sig)
+            .unwrap_or_else(|e| panic!("kill({}, {sig}): {e}", self.pid()));
+    }
+
+    /// The exit status if the process has ended, without waiting.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("try_wait");
+        }
+        self.status
+    }
+
+    /// Waits for the exit, panicking with stderr so far once `bound` has passed.
+    #[track_caller]
+    pub fn wait_timeout(&mut self, bound: Duration) -> ExitStatus {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.try_status() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "leasewrap (pid {}) still running after {bound:?}\n--- stderr so far ---\n{}",
+                    self.pid(),
+                    self.stderr.so_far()
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// Everything leasewrap (and its child) wrote to stderr; complete once it has exited.
+    pub fn stderr(&self) -> String {
+        self.stderr.text()
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.text()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.try_status().is_some() {
+            return;
+        }
+        let _ = self.child.kill();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            thread::sleep(POLL);
+        }
+    }
+}
+
+/// Something that ended with an exit status, and what to show when it was the wrong one.
+pub trait Finished {
+    fn exit_status(&self) -> ExitStatus;
+    fn context(&self) -> String;
+}
+
+impl Finished for ExitStatus {
+    fn exit_status(&self) -> ExitStatus {
+        *self
+    }
+    fn context(&self) -> String {
+        String::new()
+    }
+}
+
+impl Finished for Output {
+    fn exit_status(&self) -> ExitStatus {
+        self.status
+    }
+    fn context(&self) -> String {
+        format!(
+            "\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout, self.stderr
+        )
+    }
+}
+
+impl Finished for Running {
+    fn exit_status(&self) -> ExitStatus {
+        self.status
+            .expect("assert on a Running before wait_timeout saw it exit")
+    }
+    fn context(&self) -> String {
+        format!("\n--- stderr ---\n{}", self.stderr())
+    }
+}
+
+#[track_caller]
+pub fn assert_exit(run: &impl Finished, code: i32) {
+    let status = run.exit_status();
+    assert_eq!(
+        status.code(),
+        Some(code),
+        "expected exit {code}, got {status}{}",
+        run.context()
+    );
+}
+
+#[track_caller]
+pub fn assert_signaled(run: &impl Finished, sig: Signal) {
+    let status = run.exit_status();
+    assert_eq!(
+        status.signal(),
+        Some(sig as i32),
+        "expected death by {sig}, got {status}{}",
+        run.context()
+    );
+}
+
+/// The state letter and the rest of `/proc/PID/stat` after the command name.
+fn proc_stat(pid: i32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// True while PID runs; a zombie counts as dead (PID 1 here may never reap orphans).
+pub fn pid_alive(pid: i32) -> bool {
+    match proc_stat(pid) {
+        Some(fields) => !matches!(fields.first().map(String::as_str), Some("Z" | "X" | "x")),
+        None => false,
+    }
+}
+
+pub fn ppid_of(pid: i32) -> Option<i32> {
+    proc_stat(pid)?.get(1)?.parse().ok()
+}
+
+/// True if PID has an open file descriptor on `path`.
+pub fn has_open(pid: i32, path: &Path) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| fs::read_link(fd.path()).is_ok_and(|target| target == path))
+}
+
+/// Polls `cond` every few milliseconds; panics naming `what` once `bound` has passed.
+#[track_caller]
+pub fn wait_until(bound: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !cond() {
+        if Instant::now() >= deadline {
+            panic!("timed out after {bound:?} waiting for {what}");
+        }
+        thread::sleep(POLL);
+    }
+}
+
+#[track_caller]
+pub fn wait_for_file(path: &Path, bound: Duration) {
+    wait_until(bound, &format!("{} to appear", path.display()), || {
+        path.exists()
+    });
+}
+
+/// Waits for a file whose content is complete (ends in a newline) and returns it trimmed.
+#[track_caller]
+pub fn read_line_file(path: &Path, bound: Duration) -> String {
+    let mut text = String::new();
+    wait_until(
+        bound,
+        &format!("a complete line in {}", path.display()),
+        || {
+            text = fs::read_to_string(path).unwrap_or_default();
+            text.ends_with('\n')
+        },
+    );
+    text.trim().to_owned()
+}
+
+#[track_caller]
+pub fn read_pid(path: &Path, bound: Duration) -> i32 {
+    let text = read_line_file(path, bound);
+    text.parse()
+        .unwrap_or_else(|e| panic!("{} holds {text:?}, not a pid: {e}", path.display()))
+}
+
+/// SIGKILLs the listed pids on drop if still alive, so a failed test leaves no sleeper behind.
+pub struct KillOnDrop(pub Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if pid_alive(pid) {
+                let _ = signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Waits until none of the named pids runs; on timeout names the survivors and their command lines.
+#[track_caller]
+pub fn assert_all_die_within(bound: Duration, procs: &[(&str, i32)]) {
+    let deadline = Instant::now() + bound;
+    loop {
+        let alive: Vec<String> = procs
+            .iter()
+            .filter(|(_, pid)| pid_alive(*pid))
+            .map(|(what, pid)| format!("{what} (pid {pid}: {})", cmdline(*pid)))
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("still alive {bound:?} later: {}", alive.join(", "));
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// The command line of PID, for messages.
+pub fn cmdline(pid: i32) -> String {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw)
+        .replace('\0', " ")
+        .trim_end()
+        .to_owned()
+}

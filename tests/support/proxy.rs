@@ -1,0 +1,270 @@
+//! A fault-injecting TCP proxy for the tests: it forwards one loopback port to an upstream (an etcd)
+//! and, on command, blackholes traffic or delays replies, on live connections as well as new ones.
+//!
+//! Owns its listener, its connections and their threads (one acceptor, two pumps per connection);
+//! dropping it closes them all. It never reorders bytes, and never blocks the test that drives it.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// How long a pump holding delayed bytes blocks in `read` before looking at its queue and the mode
+/// again, so that a mode change reaches bytes already queued.
+const RECHECK: Duration = Duration::from_millis(5);
+
+/// What the proxy does to the bytes it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward both ways at once.
+    Pass,
+    /// Connections stay open (new ones are accepted) but every byte, either way, is dropped, as in
+    /// a network partition. Only a close still passes.
+    Blackhole,
+    /// Bytes from upstream reach the client this much later than they reached the proxy, in order;
+    /// bytes from the client pass at once.
+    DelayReplies(Duration),
+}
+
+/// A running proxy; stops on drop.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Joined on drop, so the listener is closed when `drop` returns.
+    acceptor: Option<JoinHandle<()>>,
+}
+
+/// State the test and all proxy threads see.
+struct Shared {
+    mode: Mutex<Mode>,
+    /// Both ends of every connection, for shutdown on drop; behind one lock with the stop flag so
+    /// that no connection is added after the shutdown.
+    conns: Mutex<Conns>,
+}
+
+struct Conns {
+    stopping: bool,
+    sockets: Vec<TcpStream>,
+}
+
+/// Which way a pump carries bytes; only replies are ever delayed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToUpstream,
+    ToClient,
+}
+
+impl Proxy {
+    /// Listens on a free 127.0.0.1 port, forwarding to `upstream`, in `Mode::Pass`.
+    pub fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("proxy cannot bind");
+        let addr = listener
+            .local_addr()
+            .expect("proxy listener has no address");
+        let shared = Arc::new(Shared {
+            mode: Mutex::new(Mode::Pass),
+            conns: Mutex::new(Conns {
+                stopping: false,
+                sockets: Vec::new(),
+            }),
+        });
+        let state = Arc::clone(&shared);
+        let acceptor = thread::Builder::new()
+            .name(format!("proxy-{}", addr.port()))
+            .spawn(move || accept_loop(listener, upstream, state))
+            .expect("cannot start the proxy thread");
+        Proxy {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT` (a TLS upstream is reached as `https://` on the same address).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Applies at once, to live connections too.
+    pub fn set_mode(&self, mode: Mode) {
+        *self.shared.mode.lock().unwrap() = mode;
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.shared.mode()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let mut conns = self.shared.conns.lock().unwrap();
+        conns.stopping = true;
+        for socket in conns.sockets.drain(..) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        drop(conns);
+        // Wakes the acceptor, which sees `stopping` and returns, closing the listener.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+impl Shared {
+    fn mode(&self) -> Mode {
+        *self.mode.lock().unwrap()
+    }
+
+    /// How long bytes going `direction` are held now.
+    fn delay(&self, direction: Direction) -> Duration {
+        match self.mode() {
+            Mode::DelayReplies(delay) if direction == Direction::ToClient => delay,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Registers both ends for shutdown on drop; false once the proxy is stopping.
+    fn track(&self, client: &TcpStream, server: &TcpStream) -> bool {
+        let mut conns = self.conns.lock().unwrap();
+        if conns.stopping {
+            return false;
+        }
+        for socket in [client, server] {
+            if let Ok(clone) = socket.try_clone() {
+                conns.sockets.push(clone);
+            }
+        }
+        true
+    }
+}
+
+fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
+    for client in listener.incoming() {
+        if shared.conns.lock().unwrap().stopping {
+            return;
+        }
+        let Ok(client) = client else { continue };
+        // Upstream down: dropping the client closes it, as a refused connection would.
+        let Ok(server) = TcpStream::connect(upstream) else {
+            continue;
+        };
+        if shared.track(&client, &server) {
+            connect_pumps(client, server, &shared);
+        }
+    }
+}
+
+fn connect_pumps(client: TcpStream, server: TcpStream, shared: &Arc<Shared>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let ends = (client.try_clone(), server.try_clone());
+    let (Ok(client_out), Ok(server_out)) = ends else {
+        return;
+    };
+    for (from, to, direction) in [
+        (client, server_out, Direction::ToUpstream),
+        (server, client_out, Direction::ToClient),
+    ] {
+        let shared = Arc::clone(shared);
+        thread::spawn(move || Pump::new(from, to, direction, shared).run());
+    }
+}
+
+/// Carries one direction of one connection, holding chunks until they are due.
+struct Pump {
+    from: TcpStream,
+    to: TcpStream,
+    direction: Direction,
+    shared: Arc<Shared>,
+    /// Chunks read but not yet written, with the instant each arrived.
+    queue: VecDeque<(Instant, Vec<u8>)>,
+}
+
+impl Pump {
+    fn new(from: TcpStream, to: TcpStream, direction: Direction, shared: Arc<Shared>) -> Pump {
+        let queue = VecDeque::new();
+        Pump {
+            from,
+            to,
+            direction,
+            shared,
+            queue,
+        }
+    }
+
+    fn run(mut self) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if self.deliver_due().is_err() {
+                return self.close_both();
+            }
+            let wake = self.next_wake();
+            if self.from.set_read_timeout(wake).is_err() {
+                return self.close_both();
+            }
+            match self.from.read(&mut buf) {
+                Ok(0) => return self.finish(),
+                Ok(n) => self.take(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return self.close_both(),
+            }
+        }
+    }
+
+    /// Queues a chunk just read, unless the link is blackholed.
+    fn take(&mut self, chunk: &[u8]) {
+        if self.shared.mode() != Mode::Blackhole {
+            self.queue.push_back((Instant::now(), chunk.to_vec()));
+        }
+    }
+
+    /// Writes every queued chunk whose time has come; drops them all while blackholed.
+    fn deliver_due(&mut self) -> std::io::Result<()> {
+        if self.shared.mode() == Mode::Blackhole {
+            self.queue.clear();
+            return Ok(());
+        }
+        let delay = self.shared.delay(self.direction);
+        while let Some((arrived, chunk)) = self.queue.front() {
+            if *arrived + delay > Instant::now() {
+                break;
+            }
+            self.to.write_all(chunk)?;
+            self.queue.pop_front();
+        }
+        Ok(())
+    }
+
+    /// When `read` must return without input: when the first queued chunk is due, or sooner to
+    /// look at the mode again; never while nothing is queued.
+    fn next_wake(&self) -> Option<Duration> {
+        let (arrived, _) = self.queue.front()?;
+        let due = *arrived + self.shared.delay(self.direction);
+        let left = due.saturating_duration_since(Instant::now());
+        Some(left.clamp(Duration::from_millis(1), RECHECK))
+    }
+
+    /// The sender closed its side: deliver what is still queued on schedule, then pass the EOF on.
+    fn finish(mut self) {
+        while !self.queue.is_empty() {
+            if self.deliver_due().is_err() {
+                return self.close_both();
+            }
+            thread::sleep(RECHECK);
+        }
+        let _ = self.to.shutdown(Shutdown::Write);
+    }
+
+    fn close_both(self) {
+        let _ = self.from.shutdown(Shutdown::Both);
+        let _ = self.to.shutdown(Shutdown::Both);
+    }
+}
