@@ -64,7 +64,6 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
     let mut lessor = Lessor::connect(cfg).await?;
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
     info!(name = %cfg.name, token = held.token, "acquired");
-    held.record_holder(&holder_record(cfg)).await;
     let spec = ChildSpec {
         program: &program,
         argv: &cfg.command,
@@ -94,8 +93,9 @@ async fn acquire(cfg: &Config, lessor: &mut Lessor, signals: &mut Signals) -> Re
             Wait::Forever | Wait::No => pending().await,
         }
     };
+    let record = holder_record(cfg);
     let result = tokio::select! {
-        r = lessor.acquire(&cfg.name, cfg.wait != Wait::No) => r,
+        r = lessor.acquire(&cfg.name, &record, cfg.wait != Wait::No) => r,
         sig = signals.recv() => Err(Error::Interrupted(sig)),
         () = limit => Err(Error::WaitTimedOut {
             name: cfg.name.clone(),

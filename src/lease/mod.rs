@@ -2,6 +2,7 @@
 //! processes: while a lease is held it reports new deadlines and loss as [`LeaseEvent`]s, and the
 //! run loop passes them on to the watchdog.
 
+pub mod etcd;
 pub mod local;
 pub mod timing;
 
@@ -28,6 +29,7 @@ pub enum Lessor {
         dir: std::path::PathBuf,
         ttl: Duration,
     },
+    Etcd(Box<etcd::Etcd>),
 }
 
 /// A lease that is ours.
@@ -50,6 +52,7 @@ enum HeldInner {
         /// The renewal schedule on which the lock file's identity is checked.
         check: Interval,
     },
+    Etcd(Box<etcd::EtcdHeld>),
 }
 
 impl Lessor {
@@ -63,18 +66,29 @@ impl Lessor {
                     ttl: cfg.params.ttl,
                 })
             }
-            Backend::Etcd(_) => Err(Error::Internal(
-                "the etcd backend is not built into this binary".into(),
-            )),
+            Backend::Etcd(e) => Ok(Lessor::Etcd(Box::new(
+                etcd::Etcd::connect(e, cfg.params).await?,
+            ))),
         }
     }
 
-    /// Take the lease named `name`, waiting for it unless `block` is false. Dropping this future
-    /// part-way is allowed; call [`Lessor::abandon`] afterwards.
-    pub async fn acquire(&mut self, name: &str, block: bool) -> Result<Held, Error> {
+    /// Take the lease named `name`, waiting for it unless `block` is false; `record` says who
+    /// holds it. Dropping this future part-way is allowed; call [`Lessor::abandon`] afterwards.
+    pub async fn acquire(&mut self, name: &str, record: &[u8], block: bool) -> Result<Held, Error> {
         match self {
+            Lessor::Etcd(etcd) => {
+                let held = etcd.acquire(name, record, block).await?;
+                Ok(Held {
+                    token: held.token(),
+                    key: held.key().to_owned(),
+                    lease_id: Some(held.lease_id()),
+                    deadline: Some(held.deadline()),
+                    inner: HeldInner::Etcd(Box::new(held)),
+                })
+            }
             Lessor::Local { dir, ttl } => {
-                let lock = local::acquire(dir, name, block).await?;
+                let mut lock = local::acquire(dir, name, block).await?;
+                lock.record_holder(record);
                 let mut check = interval(local::LocalLock::check_every(*ttl));
                 check.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 check.reset();
@@ -90,17 +104,14 @@ impl Lessor {
     }
 
     /// Undo what an abandoned [`Lessor::acquire`] left behind (a queued waiter's key and lease).
-    pub async fn abandon(&mut self) {}
+    pub async fn abandon(&mut self) {
+        if let Lessor::Etcd(etcd) = self {
+            etcd.abandon().await;
+        }
+    }
 }
 
 impl Held {
-    /// Record who holds the lease (host, pid, command, start), for `leasewrap status`.
-    pub async fn record_holder(&mut self, record: &[u8]) {
-        match &mut self.inner {
-            HeldInner::Local { lock, .. } => lock.record_holder(record),
-        }
-    }
-
     /// The next renewal or loss. Cancel-safe.
     pub async fn next_event(&mut self) -> LeaseEvent {
         match &mut self.inner {
@@ -110,6 +121,13 @@ impl Held {
                     return LeaseEvent::Lost(why);
                 }
             },
+            HeldInner::Etcd(held) => {
+                let state = held.next_change().await;
+                match state.lost {
+                    Some(why) => LeaseEvent::Lost(why),
+                    None => LeaseEvent::Renewed(state.deadline),
+                }
+            }
         }
     }
 
@@ -117,6 +135,7 @@ impl Held {
     pub async fn release(self) {
         match self.inner {
             HeldInner::Local { lock, .. } => lock.release(),
+            HeldInner::Etcd(held) => held.release().await,
         }
     }
 }

@@ -102,7 +102,7 @@ fn parse(args: Vec<OsString>) -> io::Result<Args> {
 fn run(args: Args) -> io::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)?;
     // INT, QUIT, HUP and TERM reach leasewrap, which forwards them: the watchdog must outlive
-    // them. SIGCHLD is read from a signalfd. The child gets an empty mask back from Command.
+    // them. SIGCHLD is read from a signalfd. The child unblocks them all before exec.
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -151,9 +151,11 @@ fn spawn(argv: &[OsString]) -> io::Result<Pid> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[2..]).arg0(&argv[1]).process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
-    // functions (prctl, getppid).
+    // functions (sigprocmask, prctl, getppid).
     unsafe {
         cmd.pre_exec(move || {
+            // The watchdog's blocked signals would be inherited across exec: unblock them all.
+            SigSet::empty().thread_set_mask()?;
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The watchdog may have died between fork and prctl: then nobody would kill us.
             if getppid() != parent {

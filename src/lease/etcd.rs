@@ -1,0 +1,525 @@
+//! The etcd backend, in the layout of etcd's own mutex recipe so that `--prefix ''` excludes
+//! `etcdctl lock NAME` and back: a lease, a key `PREFIX NAME/<lease id hex>` created under a
+//! `create_revision == 0` guard, the owner being the lowest create revision under `PREFIX NAME/`,
+//! and a waiter watching only the key just ahead of it. The fencing token is the own key's create
+//! revision.
+//!
+//! Renewal runs in a task of its own that follows `timing::Schedule`: one keepalive in flight,
+//! `t_send` read before each send, the stream rebuilt when a reply misses its time. A second task
+//! watches the own key. Both publish one [`KeeperState`]; nothing here touches a process, and
+//! nothing on the kill path waits for this module.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+
+use super::timing::{GrantError, Next, Params, Schedule, Verdict};
+use crate::clock::BootInstant;
+use crate::config::EtcdConfig;
+use crate::error::Error;
+
+/// What the renewal and watch tasks know about the lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeeperState {
+    /// The current `D`.
+    pub deadline: BootInstant,
+    /// Stop time `D - kill_after`: past it the lease is as good as lost.
+    pub stop_at: BootInstant,
+    /// Why the lease is gone, once it is; never unset.
+    pub lost: Option<String>,
+}
+
+/// A dialled etcd and the lease attempt in progress.
+pub struct Etcd {
+    client: Client,
+    cfg: EtcdConfig,
+    params: Params,
+    /// The lease being waited on or held, so an abandoned wait can be undone.
+    attempt: Option<Attempt>,
+}
+
+/// One granted lease, its key, and the tasks that keep it.
+struct Attempt {
+    lease_id: i64,
+    key: String,
+    /// Create revision of `key`: the fencing token.
+    revision: i64,
+    state: watch::Receiver<KeeperState>,
+    state_tx: watch::Sender<KeeperState>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// A lease that is ours, as the run loop sees it.
+pub struct EtcdHeld {
+    client: Client,
+    attempt: Attempt,
+    /// Bound on the revoke at release.
+    release_within: Duration,
+}
+
+impl Etcd {
+    /// Dial etcd. The client connects lazily, so unreachable endpoints show at the first call;
+    /// with a user it authenticates here, and a refused password is status 77.
+    pub async fn connect(cfg: &EtcdConfig, params: Params) -> Result<Self, Error> {
+        let client = connect(cfg).await?;
+        Ok(Self {
+            client,
+            cfg: cfg.clone(),
+            params,
+            attempt: None,
+        })
+    }
+
+    /// Take the lease `name`, queueing behind earlier holders when `block`. A waiter whose own
+    /// lease expires while queued starts over with a new lease: its child must not start.
+    pub async fn acquire(
+        &mut self,
+        name: &str,
+        record: &[u8],
+        block: bool,
+    ) -> Result<EtcdHeld, Error> {
+        loop {
+            let owner_rev = self.enqueue(name, record).await?;
+            let attempt = self.attempt.as_mut().expect("enqueued");
+            if owner_rev != attempt.revision {
+                if !block {
+                    return Err(Error::Busy {
+                        name: name.to_owned(),
+                    });
+                }
+                tracing::info!(name, token = attempt.revision, "waiting for the lease");
+                if !wait_turn(&mut self.client, &self.cfg, name, attempt).await? {
+                    tracing::warn!(name, "own lease expired while waiting: queueing again");
+                    self.abandon().await;
+                    continue;
+                }
+            }
+            if self.confirm().await? {
+                let attempt = self.attempt.take().expect("enqueued");
+                return Ok(EtcdHeld {
+                    client: self.client.clone(),
+                    attempt,
+                    release_within: self.cfg.dial_timeout,
+                });
+            }
+            tracing::warn!(name, "lease lapsed while acquiring: queueing again");
+            self.abandon().await;
+        }
+    }
+
+    /// Grant a lease, start keeping it, and put our key behind the others. Returns the owner's
+    /// create revision.
+    async fn enqueue(&mut self, name: &str, record: &[u8]) -> Result<i64, Error> {
+        let within = self.cfg.dial_timeout;
+        let t_send = BootInstant::now();
+        let grant = call(
+            within,
+            self.client
+                .lease_grant(self.params.ttl.as_secs().max(1) as i64, None),
+        )
+        .await?;
+        let schedule = match Schedule::granted(self.params, t_send, grant.ttl()) {
+            Ok(s) => s,
+            Err(GrantError::Expired) => {
+                return Err(Error::Unavailable("etcd granted a lease with TTL 0".into()))
+            }
+            Err(GrantError::DoesNotFit(e)) => return Err(Error::Usage(e.to_string())),
+        };
+        let lease_id = grant.id();
+        let initial = KeeperState {
+            deadline: schedule.deadline(),
+            stop_at: schedule.stop_at(),
+            lost: None,
+        };
+        let (state_tx, state) = watch::channel(initial);
+        let keeper = tokio::spawn(keep_alive(
+            self.client.clone(),
+            lease_id,
+            schedule,
+            state_tx.clone(),
+        ));
+        let key = format!("{}{name}/{lease_id:x}", self.cfg.prefix);
+        self.attempt = Some(Attempt {
+            lease_id,
+            key: key.clone(),
+            revision: 0,
+            state,
+            state_tx,
+            tasks: vec![keeper],
+        });
+        let prefix = format!("{}{name}/", self.cfg.prefix);
+        let owner = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    record,
+                    Some(PutOptions::new().with_lease(lease_id)),
+                ),
+                TxnOp::get(prefix.clone(), Some(owner.clone())),
+            ])
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(prefix, Some(owner)),
+            ]);
+        let resp = call(within, self.client.txn(txn)).await?;
+        let gets: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let first_rev = |i: usize| {
+            gets.get(i)
+                .and_then(|g| g.kvs().first())
+                .map(|kv| kv.create_revision())
+        };
+        let revision = if resp.succeeded() {
+            resp.header().map(|h| h.revision())
+        } else {
+            first_rev(0)
+        };
+        let (Some(revision), Some(owner_rev)) = (revision, first_rev(gets.len().saturating_sub(1)))
+        else {
+            return Err(Error::Internal(format!(
+                "etcd answered the lock transaction for {key} without the keys"
+            )));
+        };
+        self.attempt.as_mut().expect("set above").revision = revision;
+        Ok(owner_rev)
+    }
+
+    /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not
+    /// re-check after a wait). Starts the watch on the own key from the revision read.
+    async fn confirm(&mut self) -> Result<bool, Error> {
+        let attempt = self.attempt.as_mut().expect("enqueued");
+        let resp = call(
+            self.cfg.dial_timeout,
+            self.client.get(attempt.key.clone(), None),
+        )
+        .await?;
+        let ours = resp
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == attempt.revision);
+        let ahead = {
+            let s = attempt.state.borrow();
+            s.lost.is_none() && BootInstant::now() < s.stop_at
+        };
+        if !(ours && ahead) {
+            return Ok(false);
+        }
+        let from = resp.header().map_or(0, |h| h.revision()) + 1;
+        attempt.tasks.push(tokio::spawn(watch_own_key(
+            self.client.clone(),
+            attempt.key.clone(),
+            attempt.revision,
+            from,
+            attempt.state_tx.clone(),
+        )));
+        Ok(true)
+    }
+
+    /// Undo an attempt: stop keeping its lease and revoke it, which deletes its key.
+    pub async fn abandon(&mut self) {
+        if let Some(attempt) = self.attempt.take() {
+            revoke(&mut self.client, attempt, self.cfg.dial_timeout).await;
+        }
+    }
+}
+
+impl EtcdHeld {
+    pub fn token(&self) -> u64 {
+        self.attempt.revision as u64
+    }
+
+    pub fn key(&self) -> &str {
+        &self.attempt.key
+    }
+
+    pub fn lease_id(&self) -> i64 {
+        self.attempt.lease_id
+    }
+
+    pub fn deadline(&self) -> BootInstant {
+        self.attempt.state.borrow().deadline
+    }
+
+    /// The next change of the keeper state: a later `D`, or the loss. Cancel-safe.
+    pub async fn next_change(&mut self) -> KeeperState {
+        if self.attempt.state.changed().await.is_err() {
+            // Both tasks ended without saying why; they only end after reporting a loss.
+            return KeeperState {
+                lost: Some("the lease keeper stopped".into()),
+                ..self.attempt.state.borrow().clone()
+            };
+        }
+        self.attempt.state.borrow_and_update().clone()
+    }
+
+    /// Revoke the lease at once, so the next waiter starts within milliseconds.
+    pub async fn release(mut self) {
+        revoke(&mut self.client, self.attempt, self.release_within).await;
+    }
+}
+
+async fn revoke(client: &mut Client, attempt: Attempt, within: Duration) {
+    for t in &attempt.tasks {
+        t.abort();
+    }
+    if let Err(e) = call(within, client.lease_revoke(attempt.lease_id)).await {
+        tracing::debug!(error = %e, "revoking the lease failed; it will expire by its TTL");
+    }
+}
+
+/// Wait until every key created before ours is gone; false when our own lease was lost first.
+async fn wait_turn(
+    client: &mut Client,
+    cfg: &EtcdConfig,
+    name: &str,
+    attempt: &mut Attempt,
+) -> Result<bool, Error> {
+    let prefix = format!("{}{name}/", cfg.prefix);
+    loop {
+        if attempt.state.borrow().lost.is_some() {
+            return Ok(false);
+        }
+        let ahead = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(attempt.revision - 1)
+            .with_limit(1);
+        let resp = match call(cfg.dial_timeout, client.get(prefix.clone(), Some(ahead))).await {
+            Ok(r) => r,
+            Err(_) => {
+                lost_or_pause(&mut attempt.state, Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(true);
+        };
+        let from = resp.header().map_or(0, |h| h.revision()) + 1;
+        let watch = client.watch(
+            kv.key().to_vec(),
+            Some(WatchOptions::new().with_start_revision(from)),
+        );
+        let mut stream = match timeout(cfg.dial_timeout, watch).await {
+            Ok(Ok(s)) => s,
+            _ => continue,
+        };
+        loop {
+            tokio::select! {
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) if resp.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
+                    Ok(Some(_)) => {}
+                    _ => break,
+                },
+                _ = attempt.state.changed() => if attempt.state.borrow().lost.is_some() { return Ok(false) },
+            }
+        }
+    }
+}
+
+/// Sleep up to `pause`, waking early if the lease is lost.
+async fn lost_or_pause(state: &mut watch::Receiver<KeeperState>, pause: Duration) {
+    let _ = timeout(pause, state.wait_for(|s| s.lost.is_some())).await;
+}
+
+/// The renewal task: follows the schedule until the lease is lost, publishing every new `D`.
+async fn keep_alive(
+    mut client: Client,
+    id: i64,
+    mut schedule: Schedule,
+    tx: watch::Sender<KeeperState>,
+) {
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    loop {
+        let now = BootInstant::now();
+        let verdict = match schedule.next(now) {
+            Next::Lost => return lose(&tx, "no keepalive reply came before the stop time"),
+            Next::SleepUntil(t) => {
+                tokio::time::sleep(now.until(t)).await;
+                continue;
+            }
+            Next::Send => {
+                let t_send = BootInstant::now();
+                let sent = match stream.as_mut() {
+                    Some((keeper, _)) => Some(keeper.keep_alive().await.is_ok()),
+                    None => None,
+                };
+                match sent {
+                    None => open_stream(&mut client, id, &mut schedule, t_send, &mut stream).await,
+                    Some(true) => {
+                        schedule.sent(t_send);
+                        continue;
+                    }
+                    Some(false) => {
+                        stream = None;
+                        schedule.failed(BootInstant::now());
+                        continue;
+                    }
+                }
+            }
+            Next::AwaitReplyUntil(due) => {
+                let Some((_, replies)) = stream.as_mut() else {
+                    schedule.failed(now);
+                    continue;
+                };
+                match timeout(now.until(due), replies.message()).await {
+                    Ok(Ok(Some(r))) => schedule.replied(BootInstant::now(), r.ttl()),
+                    _ => {
+                        tracing::warn!(
+                            lease = format!("{id:x}"),
+                            "keepalive reply missing: rebuilding the stream"
+                        );
+                        stream = None;
+                        schedule.failed(BootInstant::now());
+                        continue;
+                    }
+                }
+            }
+        };
+        tracing::debug!(lease = format!("{id:x}"), ?verdict, "keepalive reply");
+        match verdict {
+            Verdict::Extended(d) => tx.send_modify(|s| {
+                s.deadline = d;
+                s.stop_at = schedule.stop_at();
+            }),
+            Verdict::Lost => return lose(&tx, "etcd says the lease has expired (TTL 0)"),
+            Verdict::Ignored => {}
+        }
+    }
+}
+
+/// Open the keepalive stream. The client sends the first keepalive and reads its reply itself,
+/// answering only whether its TTL was above zero; that TTL is the granted one.
+async fn open_stream(
+    client: &mut Client,
+    id: i64,
+    schedule: &mut Schedule,
+    t_send: BootInstant,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) -> Verdict {
+    schedule.sent(t_send);
+    let within = t_send.until(schedule.stop_at());
+    match timeout(within, client.lease_keep_alive(id)).await {
+        Ok(Ok(pair)) => {
+            *stream = Some(pair);
+            schedule.replied(BootInstant::now(), schedule.timing().ttl.as_secs() as i64)
+        }
+        // "lease not found": the reply carried TTL <= 0.
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+            schedule.replied(BootInstant::now(), 0)
+        }
+        _ => {
+            schedule.failed(BootInstant::now());
+            Verdict::Ignored
+        }
+    }
+}
+
+/// The watch task: the own key deleted, or replaced by another holder's, means the lease is lost.
+async fn watch_own_key(
+    mut client: Client,
+    key: String,
+    revision: i64,
+    mut from: i64,
+    tx: watch::Sender<KeeperState>,
+) {
+    loop {
+        let opts = WatchOptions::new().with_start_revision(from);
+        let Ok(mut stream) = client.watch(key.clone(), Some(opts)).await else {
+            // etcd unreachable: the renewal deadline covers this; look again soon.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        while let Ok(Some(resp)) = stream.message().await {
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                from = from.max(kv.mod_revision() + 1);
+                if ev.event_type() == EventType::Delete {
+                    return lose(&tx, &format!("lock key {key} was deleted"));
+                }
+                if kv.create_revision() != revision {
+                    return lose(&tx, &format!("lock key {key} was replaced"));
+                }
+            }
+        }
+    }
+}
+
+fn lose(tx: &watch::Sender<KeeperState>, why: &str) {
+    tx.send_modify(|s| {
+        s.lost.get_or_insert_with(|| why.to_owned());
+    });
+}
+
+/// A client for `cfg`, authenticated when a user is given.
+pub async fn connect(cfg: &EtcdConfig) -> Result<Client, Error> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(cfg.dial_timeout)
+        .with_keep_alive(Duration::from_secs(2), cfg.dial_timeout);
+    if cfg.ca.is_some() || cfg.identity.is_some() {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &cfg.ca {
+            tls = tls.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &cfg.identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        opts = opts.with_tls(tls);
+    }
+    if let Some((user, password)) = &cfg.auth {
+        opts = opts.with_user(user.clone(), password.clone());
+    }
+    call(
+        cfg.dial_timeout,
+        Client::connect(cfg.endpoints.clone(), Some(opts)),
+    )
+    .await
+}
+
+/// One request, bounded by `within`, its failure sorted into the statuses of SPEC §3.
+pub async fn call<T>(
+    within: Duration,
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Error> {
+    match timeout(within, request).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(classify(e)),
+        Err(_) => Err(Error::Unavailable(format!("no answer within {:?}", within))),
+    }
+}
+
+/// Refused credentials or certificates are 77; everything else is etcd being unreachable (69).
+fn classify(e: etcd_client::Error) -> Error {
+    let text = format!("{e}");
+    let lower = text.to_lowercase();
+    let auth = [
+        "authentication failed",
+        "permission denied",
+        "invalid auth token",
+        "user name is empty",
+        "unauthenticated",
+    ];
+    let tls = ["certificate", "tls", "handshake", "unknownissuer", "alert"];
+    if auth.iter().chain(tls.iter()).any(|w| lower.contains(w)) {
+        Error::Auth(text)
+    } else {
+        Error::Unavailable(text)
+    }
+}
