@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use nix::sys::signal::Signal;
 
 /// Run a command as the only holder of a named lease.
@@ -20,11 +20,92 @@ otherwise with a lock file on this host. The lease is renewed against a monotoni
 when each renewal was sent; the child gets a fencing token in LEASEWRAP_FENCING_TOKEN, and its whole \
 process tree is stopped before the lease can lapse. Everything after -- belongs to COMMAND, which is \
 run directly, never through a shell unless -c is given.",
-    after_help = "Exit status: the child's own, or 75 when the lease is held, 124 when it was lost; see the man page."
+    after_help = "Exit status: the child's own, or 75 when the lease is held, 124 when it was lost; see the man page.",
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true,
+    allow_negative_numbers = true,
+    subcommand_value_name = "SUBCOMMAND"
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub sub: Option<Sub>,
+
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// The forms other than running a command.
+#[derive(Subcommand, Debug)]
+pub enum Sub {
+    /// Who holds NAME (or every lease under the prefix): holder, token, time left, waiters
+    Status(StatusArgs),
+    /// Atomically replace DEST with stdin, refusing a token lower than one DEST has seen
+    FencedWrite(FencedWriteArgs),
+    /// Put KEY VALUE in etcd only while the lock key still has the given token
+    FencedPut(FencedPutArgs),
+}
+
+/// `leasewrap status`.
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// Lease name; every lease under the prefix (or in the local directory) when left out
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Print JSON for scripts
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// Local backend state directory
+    #[arg(long, value_name = "DIR", env = "LEASEWRAP_LOCAL_DIR")]
+    pub local_dir: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `leasewrap fenced-write`.
+#[derive(Args, Debug, Clone)]
+pub struct FencedWriteArgs {
+    /// Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]
+    #[arg(long, value_name = "N", env = "LEASEWRAP_FENCING_TOKEN")]
+    pub token: u64,
+
+    /// File to replace; the highest token seen is kept in DEST.fence
+    #[arg(value_name = "DEST")]
+    pub dest: PathBuf,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `leasewrap fenced-put`.
+#[derive(Args, Debug, Clone)]
+pub struct FencedPutArgs {
+    /// Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]
+    #[arg(long, value_name = "N", env = "LEASEWRAP_FENCING_TOKEN")]
+    pub token: u64,
+
+    /// The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY]
+    #[arg(long, value_name = "KEY", env = "LEASEWRAP_KEY")]
+    pub lock_key: String,
+
+    /// Key to put
+    #[arg(value_name = "KEY")]
+    pub key: String,
+
+    /// Value to put
+    #[arg(value_name = "VALUE")]
+    pub value: String,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// How to take the lease and run the child.

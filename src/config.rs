@@ -183,13 +183,22 @@ pub fn backend(conn: &ConnArgs, local_dir: Option<&Path>, env: Env) -> Result<Ba
         .or_else(|| first(env, &["LEASEWRAP_ENDPOINTS", "ETCDCTL_ENDPOINTS"]));
     match endpoints {
         Some(urls) if !urls.trim().is_empty() => Ok(Backend::Etcd(etcd_config(&urls, conn, env)?)),
-        _ => Ok(Backend::Local {
-            dir: match local_dir {
-                Some(d) => d.to_owned(),
-                None => default_local_dir(env)?,
-            },
-        }),
+        _ => {
+            // Options given on the command line are checked even when unused, so a typo is
+            // seen now rather than on the day endpoints are configured.
+            let no_env = |_: &str| None;
+            etcd_config("127.0.0.1:2379", conn, &no_env)?;
+            local(local_dir, env)
+        }
     }
+}
+
+fn local(local_dir: Option<&Path>, env: Env) -> Result<Backend, Error> {
+    let dir = match local_dir {
+        Some(d) => d.to_owned(),
+        None => default_local_dir(env)?,
+    };
+    Ok(Backend::Local { dir })
 }
 
 fn default_local_dir(env: Env) -> Result<PathBuf, Error> {
@@ -284,6 +293,19 @@ fn check_endpoint(url: &str) -> Result<String, Error> {
 }
 
 fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
+    let from_file = match &conn.password_file {
+        Some(p) => {
+            let text = read_config_file(p, "--password-file")?;
+            Some(
+                String::from_utf8_lossy(&text)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        }
+        None => None,
+    };
     let Some(user) = conn
         .user
         .clone()
@@ -295,23 +317,14 @@ fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
         Some((u, p)) => (u.to_owned(), Some(p.to_owned())),
         None => (user, None),
     };
-    let password = match &conn.password_file {
-        Some(p) => {
-            let text = read_config_file(p, "--password-file")?;
-            String::from_utf8_lossy(&text)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_owned()
-        }
-        None => inline
-            .or_else(|| first(env, &["LEASEWRAP_PASSWORD", "ETCDCTL_PASSWORD"]))
-            .ok_or_else(|| {
-                Error::Usage(format!(
-                    "user {user:?} has no password: give --password-file or set LEASEWRAP_PASSWORD"
-                ))
-            })?,
-    };
+    let password = from_file
+        .or(inline)
+        .or_else(|| first(env, &["LEASEWRAP_PASSWORD", "ETCDCTL_PASSWORD"]))
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "user {user:?} has no password: give --password-file or set LEASEWRAP_PASSWORD"
+            ))
+        })?;
     Ok(Some((user, password)))
 }
 

@@ -11,15 +11,21 @@
 //! - `lease::local`: the flock backend.
 //! - `supervise`: the child's process tree, the watchdog that enforces deadlines, and reaping.
 //! - `run`: the one loop that ties lease, child and signals together.
+//! - `status`: `leasewrap status`, who holds what.
+//! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
+//! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr.
 
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod fence;
 pub mod lease;
 pub mod log;
+pub mod notify;
 pub mod run;
+pub mod status;
 pub mod supervise;
 
 use std::ffi::OsString;
@@ -38,24 +44,58 @@ pub fn entry(args: Vec<OsString>) -> Exit {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    log::init(&cli.run.log);
-    let cfg = match Config::from_args(&cli.run, &process_env) {
+    match cli.sub {
+        None => run_command(&cli.run),
+        Some(cli::Sub::Status(a)) => {
+            log::init(&a.log);
+            finish(
+                block_on(status::run(&a, &process_env)),
+                ExitCodes::default(),
+            )
+        }
+        Some(cli::Sub::FencedWrite(a)) => {
+            log::init(&a.log);
+            finish(fence::write(&a).map(|()| 0), ExitCodes::default())
+        }
+        Some(cli::Sub::FencedPut(a)) => {
+            log::init(&a.log);
+            finish(
+                block_on(fence::put(&a, &process_env)).map(|()| 0),
+                ExitCodes::default(),
+            )
+        }
+    }
+}
+
+fn run_command(args: &cli::RunArgs) -> Exit {
+    log::init(&args.log);
+    let cfg = match Config::from_args(args, &process_env) {
         Ok(cfg) => cfg,
         Err(e) => return fail(e, ExitCodes::default()),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(error::Error::internal("starting the runtime", e), cfg.codes),
-    };
-    let result = runtime.block_on(run::run(&cfg));
-    // A thread blocked in flock must not keep us from exiting.
-    runtime.shutdown_background();
-    match result {
+    match block_on(run::run(&cfg)) {
         Ok(exit) => exit,
         Err(e) => fail(e, cfg.codes),
+    }
+}
+
+/// Run `fut` on a single-threaded runtime; a thread still blocked in flock does not delay exit.
+fn block_on<T>(
+    fut: impl std::future::Future<Output = Result<T, error::Error>>,
+) -> Result<T, error::Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| error::Error::internal("starting the runtime", e))?;
+    let result = runtime.block_on(fut);
+    runtime.shutdown_background();
+    result
+}
+
+fn finish(result: Result<u8, error::Error>, codes: ExitCodes) -> Exit {
+    match result {
+        Ok(code) => Exit::Code(code),
+        Err(e) => fail(e, codes),
     }
 }
 

@@ -12,6 +12,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::{Backend, Config, Wait};
 use crate::error::Error;
 use crate::lease::{Held, LeaseEvent, Lessor};
+use crate::notify::Notifier;
 use crate::supervise::protocol::ToWatchdog;
 use crate::supervise::{self, ChildSpec, Event, Supervisor};
 
@@ -61,7 +62,9 @@ impl Signals {
 pub async fn run(cfg: &Config) -> Result<Exit, Error> {
     let program = supervise::resolve(&cfg.command[0])?;
     let mut signals = Signals::new()?;
+    let notifier = Notifier::from_env();
     let mut lessor = Lessor::connect(cfg).await?;
+    notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
     info!(name = %cfg.name, token = held.token, "acquired");
     let spec = ChildSpec {
@@ -76,9 +79,10 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
             .unwrap_or_default(),
     };
     let outcome = match Supervisor::spawn(spec, held.deadline) {
-        Ok(mut sup) => hold(cfg, &mut held, &mut sup, &mut signals).await,
+        Ok(mut sup) => hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await,
         Err(e) => Err(e),
     };
+    notifier.send("STOPPING=1");
     let token = held.token;
     held.release().await;
     info!(name = %cfg.name, token, "released");
@@ -121,12 +125,18 @@ async fn hold(
     held: &mut Held,
     sup: &mut Supervisor,
     signals: &mut Signals,
+    notifier: &Notifier,
 ) -> Result<Exit, Error> {
     let mut ending = Ending::default();
     loop {
         tokio::select! {
             biased;
-            ev = sup.next() => if let Some(done) = on_child(cfg, ev, &mut ending) { return done },
+            ev = sup.next() => {
+                if let Event::Started(_) = ev {
+                    notifier.send(&format!("READY=1\nSTATUS=holding lease {} (token {})", cfg.name, held.token));
+                }
+                if let Some(done) = on_child(cfg, ev, &mut ending) { return done }
+            }
             sig = signals.recv() => on_signal(sup, sig),
             ev = held.next_event(), if ending.lost.is_none() => on_lease(cfg, held.token, sup, ev, &mut ending),
         }

@@ -508,16 +508,18 @@ fn child_ignoring_sigterm_is_sigkilled_after_kill_after() {
     );
 }
 
-/// `ls -l /proc/PID/fd` output as (fd, target) pairs.
+/// `ls -l /proc/PID/fd` output as (fd, target) pairs, by fd (ls sorts "10" before "2").
 fn fd_table(listing: &str) -> Vec<(u32, String)> {
-    listing
+    let mut table: Vec<(u32, String)> = listing
         .lines()
         .filter_map(|line| {
             let (left, target) = line.split_once(" -> ")?;
             let fd = left.split_whitespace().last()?.parse().ok()?;
             Some((fd, target.to_owned()))
         })
-        .collect()
+        .collect();
+    table.sort();
+    table
 }
 
 #[test]

@@ -1,9 +1,9 @@
+#![allow(dead_code)]
 //! Test support: a builder over the built `leasewrap` binary, bounded waits on observable
 //! events, and `/proc` readers for checking what is left of a process tree.
 //!
 //! Nothing here sleeps to "let things settle": every wait polls for an event and panics with
 //! what it was waiting for once its bound runs out.
-#![allow(dead_code)]
 
 pub mod etcd;
 pub mod proxy;
