@@ -95,7 +95,7 @@ pub struct FencedPutArgs {
 
     /// Key to put
     #[arg(value_name = "KEY")]
-    pub key: String,
+    pub put_key: String,
 
     /// Value to put
     #[arg(value_name = "VALUE")]
