@@ -247,10 +247,14 @@ impl Watchdog {
             .flatten()
             .min()
         };
+        // Relative, so that the timer and our readings of CLOCK_BOOTTIME always agree (even
+        // under libfaketime); at least 1 ns, since zero would disarm it.
         match next {
             Some(t) => self.timer.set(
-                Expiration::OneShot(TimeSpec::from_duration(t.since_boot())),
-                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+                Expiration::OneShot(TimeSpec::from_duration(
+                    BootInstant::now().until(t).max(Duration::from_nanos(1)),
+                )),
+                TimerSetTimeFlags::empty(),
             )?,
             None => self.timer.unset()?,
         }
