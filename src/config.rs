@@ -217,10 +217,6 @@ fn default_local_dir(env: Env) -> Result<PathBuf, Error> {
 }
 
 fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Error> {
-    let endpoints = urls
-        .split(',')
-        .map(|u| check_endpoint(u.trim()))
-        .collect::<Result<Vec<_>, _>>()?;
     let prefix = conn
         .prefix
         .clone()
@@ -258,6 +254,11 @@ fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Erro
             ))
         }
     };
+    let tls = ca.is_some() || identity.is_some();
+    let endpoints = urls
+        .split(',')
+        .map(|u| check_endpoint(u.trim(), tls))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(EtcdConfig {
         endpoints,
         prefix,
@@ -268,8 +269,9 @@ fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Erro
     })
 }
 
-/// `http://host:port`, `https://host:port`, or `host:port` (taken as http).
-fn check_endpoint(url: &str) -> Result<String, Error> {
+/// `http://host:port`, `https://host:port`, or `host:port` (https when TLS files are given, else
+/// http). TLS files with an explicit http:// endpoint are a contradiction, not a silent upgrade.
+fn check_endpoint(url: &str, tls: bool) -> Result<String, Error> {
     let bad = || {
         Error::Usage(format!(
             "bad endpoint {url:?}: write it like http://10.0.0.5:2379 or https://etcd.example:2379"
@@ -278,8 +280,14 @@ fn check_endpoint(url: &str) -> Result<String, Error> {
     let (scheme, rest) = match url.split_once("://") {
         Some((s @ ("http" | "https"), rest)) => (s, rest),
         Some(_) => return Err(bad()),
+        None if tls => ("https", url),
         None => ("http", url),
     };
+    if tls && scheme == "http" {
+        return Err(Error::Usage(format!(
+            "endpoint {url:?} is plain http but TLS files are given: write https://"
+        )));
+    }
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
     let host_ok = !host.is_empty()
@@ -435,6 +443,24 @@ mod tests {
             panic!("etcd")
         };
         assert_eq!(e.auth, Some(("u".into(), "x".into())));
+    }
+
+    #[test]
+    fn tls_files_make_bare_endpoints_https_and_refuse_plain_http() {
+        let ca =
+            std::env::temp_dir().join(format!("leasewrap-config-test-ca-{}", std::process::id()));
+        std::fs::write(&ca, "pem").unwrap();
+        let ca = ca.to_str().unwrap();
+        let c = parse(&["--endpoints", "a:1", "--cacert", ca, "--", "true"], &[]).unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.endpoints, vec!["https://a:1"]);
+        let r = parse(
+            &["--endpoints", "http://a:1", "--cacert", ca, "--", "true"],
+            &[],
+        );
+        assert!(matches!(r, Err(Error::Usage(_))));
     }
 
     #[test]
