@@ -10,13 +10,12 @@ if [ "$(id -u)" -ne 0 ]; then
     SUDO="sudo"
 fi
 
-# Debian packages: etcd 3.4 (server and etcdctl), protoc for etcd-client's build,
+# Debian packages: etcd 3.4 (server and etcdctl),
 # faketime for the clock tests, openssl for the TLS test certificates.
 install_debian_packages() {
     local missing=()
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
     [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
-    command -v protoc >/dev/null || missing+=(protobuf-compiler)
     command -v faketime >/dev/null || missing+=(faketime)
     command -v openssl >/dev/null || missing+=(openssl)
     [ "${#missing[@]}" -eq 0 ] && return
@@ -51,6 +50,7 @@ install_rust_components() {
     fi
 }
 
+scripts/build-deps.sh
 install_debian_packages
 install_etcd_35
 install_rust_components
