@@ -112,7 +112,10 @@ fn usage_error(e: clap::Error) -> Exit {
 }
 
 fn fail(e: error::Error, codes: ExitCodes) -> Exit {
-    tracing::error!("{e}");
+    // A lost lease was logged, with its token, when it was noticed.
+    if !matches!(e, error::Error::Lost { .. }) {
+        tracing::error!("{e}");
+    }
     Exit::Code(e.code(codes))
 }
 

@@ -112,11 +112,19 @@ async fn acquire(cfg: &Config, lessor: &mut Lessor, signals: &mut Signals) -> Re
     result
 }
 
-/// What the lost lease, a forwarded signal and the child's end add up to.
+/// What the lost lease and the child's end add up to.
 #[derive(Default)]
 struct Ending {
     /// Why the lease was lost, if it was.
     lost: Option<String>,
+}
+
+impl Ending {
+    /// The lease is lost: the one log line that says so.
+    fn lose(&mut self, cfg: &Config, token: u64, why: String) {
+        error!(name = %cfg.name, token, reason = %why, "lease lost: stopping the child");
+        self.lost = Some(why);
+    }
 }
 
 /// Hold the lease while the child runs; return how leasewrap should end.
@@ -135,7 +143,7 @@ async fn hold(
                 if let Event::Started(_) = ev {
                     notifier.send(&format!("READY=1\nSTATUS=holding lease {} (token {})", cfg.name, held.token));
                 }
-                if let Some(done) = on_child(cfg, ev, &mut ending) { return done }
+                if let Some(done) = on_child(cfg, held.token, ev, &mut ending) { return done }
             }
             sig = signals.recv() => on_signal(sup, sig),
             ev = held.next_event(), if ending.lost.is_none() => on_lease(cfg, held.token, sup, ev, &mut ending),
@@ -143,17 +151,21 @@ async fn hold(
     }
 }
 
-fn on_child(cfg: &Config, ev: Event, ending: &mut Ending) -> Option<Result<Exit, Error>> {
+fn on_child(
+    cfg: &Config,
+    token: u64,
+    ev: Event,
+    ending: &mut Ending,
+) -> Option<Result<Exit, Error>> {
     match ev {
         Event::Started(pid) => {
             debug!(pid = pid.as_raw(), "child started");
             None
         }
         Event::DeadlinePassed => {
-            warn!(name = %cfg.name, "no renewal came in time: stopping the child before the lease can lapse");
-            ending
-                .lost
-                .get_or_insert_with(|| "no renewal came before the deadline".into());
+            if ending.lost.is_none() {
+                ending.lose(cfg, token, "no renewal came before the deadline".into());
+            }
             None
         }
         Event::Exited(status) => Some(match ending.lost.take() {
@@ -181,10 +193,12 @@ fn on_signal(sup: &mut Supervisor, sig: Signal) {
 fn on_lease(cfg: &Config, token: u64, sup: &mut Supervisor, ev: LeaseEvent, ending: &mut Ending) {
     match ev {
         LeaseEvent::Renewed(d) => sup.send(ToWatchdog::Deadline(Some(d))),
+        LeaseEvent::Trouble(why) => {
+            warn!(name = %cfg.name, token, reason = %why, "renewal trouble")
+        }
         LeaseEvent::Lost(why) => {
-            error!(name = %cfg.name, token, reason = %why, "lease lost: stopping the child");
             sup.send(ToWatchdog::Stop);
-            ending.lost = Some(why);
+            ending.lose(cfg, token, why);
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct KeeperState {
     pub stop_at: BootInstant,
     /// Why the lease is gone, once it is; never unset.
     pub lost: Option<String>,
+    /// Why renewals are failing, from the first failure until the next good reply.
+    pub trouble: Option<String>,
 }
 
 /// A dialled etcd and the lease attempt in progress.
@@ -121,8 +123,7 @@ impl Etcd {
         let t_send = BootInstant::now();
         let grant = call(
             within,
-            self.client
-                .lease_grant(self.params.ttl.as_secs().max(1) as i64, None),
+            self.client.lease_grant(ttl_secs(self.params.ttl), None),
         )
         .await?;
         let schedule = match Schedule::granted(self.params, t_send, grant.ttl()) {
@@ -137,6 +138,7 @@ impl Etcd {
             deadline: schedule.deadline(),
             stop_at: schedule.stop_at(),
             lost: None,
+            trouble: None,
         };
         let (state_tx, state) = watch::channel(initial);
         let keeper = tokio::spawn(keep_alive(
@@ -362,12 +364,15 @@ async fn keep_alive(
                     None => None,
                 };
                 match sent {
-                    None => open_stream(&mut client, id, &mut schedule, t_send, &mut stream).await,
+                    None => {
+                        open_stream(&mut client, id, &mut schedule, t_send, &mut stream, &tx).await
+                    }
                     Some(true) => {
                         schedule.sent(t_send);
                         continue;
                     }
                     Some(false) => {
+                        trouble(&tx, "the keepalive stream broke: rebuilding it");
                         stream = None;
                         schedule.failed(BootInstant::now());
                         continue;
@@ -398,6 +403,7 @@ async fn keep_alive(
             Verdict::Extended(d) => tx.send_modify(|s| {
                 s.deadline = d;
                 s.stop_at = schedule.stop_at();
+                s.trouble = None;
             }),
             Verdict::Lost => return lose(&tx, "etcd says the lease has expired (TTL 0)"),
             Verdict::Ignored => {}
@@ -413,6 +419,7 @@ async fn open_stream(
     schedule: &mut Schedule,
     t_send: BootInstant,
     stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    tx: &watch::Sender<KeeperState>,
 ) -> Verdict {
     schedule.sent(t_send);
     let within = t_send.until(schedule.stop_at());
@@ -425,7 +432,13 @@ async fn open_stream(
         Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
             schedule.replied(BootInstant::now(), 0)
         }
-        _ => {
+        Ok(Err(e)) => {
+            trouble(tx, &format!("opening the keepalive stream failed: {e}"));
+            schedule.failed(BootInstant::now());
+            Verdict::Ignored
+        }
+        Err(_) => {
+            trouble(tx, "opening the keepalive stream took too long");
             schedule.failed(BootInstant::now());
             Verdict::Ignored
         }
@@ -460,6 +473,22 @@ async fn watch_own_key(
             }
         }
     }
+}
+
+/// Report the first failure of a run of them; the next good reply clears it.
+fn trouble(tx: &watch::Sender<KeeperState>, why: &str) {
+    tx.send_if_modified(|s| {
+        let first = s.trouble.is_none();
+        if first {
+            s.trouble = Some(why.to_owned());
+        }
+        first
+    });
+}
+
+/// etcd takes whole seconds: round up, so the lease is never shorter than asked.
+fn ttl_secs(ttl: Duration) -> i64 {
+    ttl.as_secs_f64().ceil().max(1.0) as i64
 }
 
 fn lose(tx: &watch::Sender<KeeperState>, why: &str) {

@@ -62,12 +62,15 @@ pub async fn acquire(dir: &Path, name: &str, block: bool) -> Result<LocalLock, E
             .mode(0o644)
             .open(&path)
             .map_err(|e| Error::Config(format!("lock file {}: {e}", path.display())))?;
-        let lock = if block {
-            tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))
-                .await
-                .map_err(|e| Error::internal("waiting for the lock", e))?
-        } else {
-            Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        // Try without blocking first: an uncontended lock needs no thread.
+        let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) if block => {
+                tracing::info!(name, "waiting for the lease");
+                tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))
+                    .await
+                    .map_err(|e| Error::internal("waiting for the lock", e))?
+            }
+            other => other,
         };
         let lock = match lock {
             Ok(lock) => lock,

@@ -19,6 +19,8 @@ use crate::error::Error;
 pub enum LeaseEvent {
     /// A renewal moved `D` to this instant.
     Renewed(BootInstant),
+    /// Renewals started failing, for this reason; `D` is not moving until they recover.
+    Trouble(String),
     /// The lease is gone, for this reason: stop the child now.
     Lost(String),
 }
@@ -123,9 +125,10 @@ impl Held {
             },
             HeldInner::Etcd(held) => {
                 let state = held.next_change().await;
-                match state.lost {
-                    Some(why) => LeaseEvent::Lost(why),
-                    None => LeaseEvent::Renewed(state.deadline),
+                match (state.lost, state.trouble) {
+                    (Some(why), _) => LeaseEvent::Lost(why),
+                    (None, Some(why)) => LeaseEvent::Trouble(why),
+                    (None, None) => LeaseEvent::Renewed(state.deadline),
                 }
             }
         }
