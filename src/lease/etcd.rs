@@ -108,7 +108,7 @@ impl Etcd {
                 return Ok(EtcdHeld {
                     client: self.client.clone(),
                     attempt,
-                    release_within: self.cfg.dial_timeout,
+                    release_within: self.cfg.dial_timeout.min(Duration::from_secs(1)),
                 });
             }
             tracing::warn!(name, "lease lapsed while acquiring: queueing again");

@@ -1,12 +1,271 @@
 //! `leasewrap status`: who holds a lease, with which token, for how long still, and how many
-//! wait. Reads only; never takes or changes a lease.
+//! wait. Reads only: it never takes, changes or creates a lease, a key, a file or a directory.
+//!
+//! The backends (`etcd`, `local`) each turn what they store into [`LeaseStatus`] values; this
+//! module prints them as aligned text or JSON and chooses the exit status.
+
+mod etcd;
+mod local;
+
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
 
 use crate::cli::StatusArgs;
-use crate::config::Env;
+use crate::config::{self, Backend, Env};
 use crate::error::Error;
 
-/// Print the status; exit 0 when NAME is held, 1 when it is free.
+/// How `status` ends, beside the errors every subcommand shares; the man page prints this table.
+pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
+    (
+        "0",
+        "NAME is held; without NAME, always (the listing itself is the answer)",
+    ),
+    ("1", "NAME is free"),
+    ("64", "bad usage: a lease name, option, duration or URL is wrong"),
+    ("69", "etcd is unreachable"),
+    ("77", "etcd refused the authentication or the TLS handshake"),
+    (
+        "78",
+        "bad configuration: a certificate, password file, the local directory or a lock file is unreadable",
+    ),
+    ("125", "leasewrap itself failed"),
+];
+
+/// One lease as `status` reports it; the JSON object of `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeaseStatus {
+    /// The lease name.
+    pub name: String,
+    /// "etcd" or "local", so a script reading a mixed list knows what time_left_s means.
+    pub backend: &'static str,
+    /// Whether someone holds it now.
+    pub held: bool,
+    /// Who holds it, as the holder recorded itself; none when free or not recorded (etcdctl lock).
+    pub holder: Option<Holder>,
+    /// The holder's fencing token; none when free.
+    pub token: Option<u64>,
+    /// Seconds until etcd expires the holder's lease; none on the local backend and when free.
+    pub time_left_s: Option<i64>,
+    /// The TTL etcd granted the holder's lease, for reading `time_left_s`.
+    pub ttl_s: Option<i64>,
+    /// Processes queued behind the holder; none when they cannot be counted.
+    pub waiters: Option<u64>,
+    /// The holder's lock key (etcd) or the lock file (local).
+    pub key: Option<String>,
+}
+
+/// The record a holder leaves in its lock key or lock file (written by `run`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Host name of the holding leasewrap.
+    pub host: String,
+    /// Pid of the holding leasewrap (not of its child).
+    pub pid: u32,
+    /// The command it runs, as argv.
+    pub command: Vec<String>,
+    /// When it took the lease, in seconds since the Unix epoch.
+    pub start: u64,
+}
+
+impl Holder {
+    /// The record in `bytes`, if it is one; an `etcdctl lock` key holds an empty value.
+    pub fn parse(bytes: &[u8]) -> Option<Holder> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+impl LeaseStatus {
+    /// A lease that nobody holds.
+    fn free(name: &str, backend: &'static str) -> LeaseStatus {
+        LeaseStatus {
+            name: name.to_owned(),
+            backend,
+            held: false,
+            holder: None,
+            token: None,
+            time_left_s: None,
+            ttl_s: None,
+            waiters: Some(0),
+            key: None,
+        }
+    }
+}
+
+/// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing.
 pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
-    let _ = (args, env);
-    Err(Error::Internal("status is not implemented yet".into()))
+    let name = args.name.as_deref();
+    if let Some(name) = name {
+        config::check_name(name)?;
+    }
+    let leases = match config::backend(&args.conn, args.local_dir.as_deref(), env)? {
+        Backend::Local { dir } => local::leases(&dir, name)?,
+        Backend::Etcd(cfg) => etcd::leases(&cfg, name).await?,
+    };
+    let text = match (args.json, name) {
+        (true, Some(_)) => json_line(&leases[0])?,
+        (true, None) => json_line(&leases)?,
+        (false, _) => table(&leases),
+    };
+    print(&text)?;
+    Ok(match name {
+        Some(_) if !leases[0].held => 1,
+        _ => 0,
+    })
+}
+
+fn json_line(value: &impl Serialize) -> Result<String, Error> {
+    let mut text =
+        serde_json::to_string(value).map_err(|e| Error::internal("writing JSON", e))?;
+    text.push('\n');
+    Ok(text)
+}
+
+/// Write to stdout; a reader that went away (`| head`) is not a failure.
+fn print(text: &str) -> Result<(), Error> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::internal("writing to stdout", e))
+        }
+        _ => Ok(()),
+    }
+}
+
+const HEADER: [&str; 8] = [
+    "NAME",
+    "STATE",
+    "TOKEN",
+    "TIME LEFT",
+    "WAITERS",
+    "HOST",
+    "PID",
+    "COMMAND",
+];
+
+/// One line per lease under a header, in columns padded to the widest cell; the command, last,
+/// is not padded. "-" means "does not apply", "?" means "not known".
+pub fn table(leases: &[LeaseStatus]) -> String {
+    let rows: Vec<[String; 8]> = std::iter::once(HEADER.map(str::to_owned))
+        .chain(leases.iter().map(row))
+        .collect();
+    let mut widths = [0; 8];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 < row.len() {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            } else {
+                line.push_str(cell);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn row(l: &LeaseStatus) -> [String; 8] {
+    let dash = || "-".to_owned();
+    let or_dash = |v: Option<String>| v.unwrap_or_else(dash);
+    let time_left = match (l.held, l.backend, l.time_left_s) {
+        (true, "etcd", Some(s)) => format!("{s}s"),
+        (true, "etcd", None) => "?".into(),
+        _ => dash(),
+    };
+    let holder = match (&l.holder, l.held) {
+        (Some(h), true) => [h.host.clone(), h.pid.to_string(), shell_words(&h.command)],
+        (None, true) => ["?".into(), "?".into(), "?".into()],
+        _ => [dash(), dash(), dash()],
+    };
+    let [host, pid, command] = holder;
+    [
+        l.name.clone(),
+        if l.held { "held" } else { "free" }.into(),
+        or_dash(l.token.map(|t| t.to_string())),
+        time_left,
+        l.waiters.map_or_else(|| "?".into(), |w| w.to_string()),
+        host,
+        pid,
+        command,
+    ]
+}
+
+/// argv as a shell would need it typed: words with anything unusual in single quotes.
+fn shell_words(argv: &[String]) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    let words: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            if !a.is_empty() && a.chars().all(plain) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect();
+    words.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(name: &str, backend: &'static str, holder: Option<Holder>) -> LeaseStatus {
+        LeaseStatus {
+            held: true,
+            holder,
+            token: Some(42),
+            time_left_s: (backend == "etcd").then_some(7),
+            ttl_s: (backend == "etcd").then_some(10),
+            waiters: None,
+            key: Some("k".into()),
+            ..LeaseStatus::free(name, backend)
+        }
+    }
+
+    #[test]
+    fn table_aligns_columns_and_marks_what_does_not_apply() {
+        let holder = Holder {
+            host: "web1".into(),
+            pid: 4242,
+            command: vec!["./report.sh".into(), "--since".into(), "last week".into()],
+            start: 0,
+        };
+        let leases = [
+            held("nightly-report", "etcd", Some(holder)),
+            LeaseStatus::free("b", "etcd"),
+            held("c", "local", None),
+        ];
+        let text = table(&leases);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "NAME            STATE  TOKEN  TIME LEFT  WAITERS  HOST  PID   COMMAND",
+                "nightly-report  held   42     7s         ?        web1  4242  ./report.sh --since 'last week'",
+                "b               free   -      -          0        -     -     -",
+                "c               held   42     -          ?        ?     ?     ?",
+            ]
+        );
+    }
+
+    #[test]
+    fn holder_records_parse_and_other_values_do_not() {
+        let rec = br#"{"host":"h","pid":7,"command":["a","b"],"start":1700000000}"#;
+        assert_eq!(Holder::parse(rec).map(|h| h.pid), Some(7));
+        assert_eq!(Holder::parse(b""), None);
+        assert_eq!(Holder::parse(b"not json"), None);
+    }
+
+    #[test]
+    fn shell_words_quote_only_what_needs_it() {
+        let argv = ["a".into(), "it's".into(), String::new(), "x=1".into()];
+        assert_eq!(shell_words(&argv), r"a 'it'\''s' '' x=1");
+    }
 }
