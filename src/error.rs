@@ -107,6 +107,25 @@ mod tests {
         e.code(ExitCodes::default())
     }
 
+    /// The variant's position in the enum. No wildcard arm: a new variant does not compile
+    /// until it is numbered here, and then the test below wants an example of it.
+    fn variant(e: &Error) -> usize {
+        match e {
+            Error::Usage(_) => 0,
+            Error::Config(_) => 1,
+            Error::Busy { .. } => 2,
+            Error::WaitTimedOut { .. } => 3,
+            Error::Lost { .. } => 4,
+            Error::Unavailable(_) => 5,
+            Error::Auth(_) => 6,
+            Error::NotFound(_) => 7,
+            Error::NotExecutable(_) => 8,
+            Error::StaleToken { .. } => 9,
+            Error::Interrupted(_) => 10,
+            Error::Internal(_) => 11,
+        }
+    }
+
     #[test]
     fn every_error_maps_to_the_status_the_table_documents() {
         let documented = |c: u8| EXIT_STATUS_TABLE.iter().any(|(s, _)| *s == c.to_string());
@@ -114,6 +133,10 @@ mod tests {
             Error::Usage(String::new()),
             Error::Config(String::new()),
             Error::Busy { name: "x".into() },
+            Error::WaitTimedOut {
+                name: "x".into(),
+                waited: String::new(),
+            },
             Error::Lost {
                 name: "x".into(),
                 why: String::new(),
@@ -127,9 +150,22 @@ mod tests {
                 seen: 2,
                 what: String::new(),
             },
+            Error::Interrupted(Signal::SIGTERM),
             Error::Internal(String::new()),
         ];
+        let covered: Vec<usize> = all.iter().map(variant).collect();
+        assert_eq!(
+            covered,
+            (0..=11).collect::<Vec<_>>(),
+            "one example of each variant"
+        );
         for e in all {
+            if let Error::Interrupted(sig) = e {
+                // Documented as the row "128+n".
+                assert_eq!(code(Error::Interrupted(sig)), 128 + sig as u8);
+                assert!(EXIT_STATUS_TABLE.iter().any(|(s, _)| *s == "128+n"));
+                continue;
+            }
             let c = code(e);
             assert!(documented(c), "status {c} is not in EXIT_STATUS_TABLE");
         }

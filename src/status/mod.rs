@@ -115,8 +115,7 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
 }
 
 fn json_line(value: &impl Serialize) -> Result<String, Error> {
-    let mut text =
-        serde_json::to_string(value).map_err(|e| Error::internal("writing JSON", e))?;
+    let mut text = serde_json::to_string(value).map_err(|e| Error::internal("writing JSON", e))?;
     text.push('\n');
     Ok(text)
 }
@@ -261,6 +260,21 @@ mod tests {
         assert_eq!(Holder::parse(rec).map(|h| h.pid), Some(7));
         assert_eq!(Holder::parse(b""), None);
         assert_eq!(Holder::parse(b"not json"), None);
+    }
+
+    #[test]
+    fn every_error_status_can_end_with_is_in_its_table() {
+        let errors = [
+            Error::Usage(String::new()),
+            Error::Config(String::new()),
+            Error::Unavailable(String::new()),
+            Error::Auth(String::new()),
+            Error::Internal(String::new()),
+        ];
+        for e in errors {
+            let c = e.code(crate::error::ExitCodes::default()).to_string();
+            assert!(EXIT_STATUS_TABLE.iter().any(|(s, _)| *s == c), "{c}");
+        }
     }
 
     #[test]

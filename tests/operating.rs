@@ -1,0 +1,441 @@
+//! Black-box tests of what an operator sees: `leasewrap status` on both backends (etcd 3.4 and
+//! 3.5), the sd_notify messages systemd receives, and JSON log lines.
+//!
+//! Holders are real leasewrap runs whose child waits for a release file; every wait polls an
+//! observable event with a bound.
+
+mod support;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::etcd::{self, Version};
+use support::*;
+
+/// Time for leasewrap to take a free lease and start its child on a loaded 2-core box.
+const STARTUP: Duration = Duration::from_secs(10);
+
+/// Where `status` looks: a local directory, or etcd endpoints and a prefix.
+#[derive(Clone)]
+enum Store {
+    Local(PathBuf),
+    Etcd { endpoint: String, prefix: String },
+}
+
+impl Store {
+    fn etcd(version: Version, test: &str) -> Store {
+        Store::Etcd {
+            endpoint: etcd::shared(version).endpoint(),
+            prefix: etcd::unique_prefix(test),
+        }
+    }
+
+    /// The options that point leasewrap (a run or `status`) at this store.
+    fn args(&self) -> Vec<String> {
+        match self {
+            Store::Local(dir) => vec!["--local-dir".into(), dir.display().to_string()],
+            Store::Etcd { endpoint, prefix } => vec![
+                "--endpoints".into(),
+                endpoint.clone(),
+                "--prefix".into(),
+                prefix.clone(),
+            ],
+        }
+    }
+
+    /// A leasewrap run of `name` on this store.
+    fn leasewrap(&self, name: &str) -> Leasewrap {
+        let run = Leasewrap::new().name(name);
+        match self {
+            Store::Local(dir) => run.local_dir(dir),
+            Store::Etcd { .. } => run.args(&self.args()),
+        }
+    }
+
+    /// `leasewrap status EXTRA...`, bounded by `RUN_BOUND`; returns (exit code, stdout, stderr).
+    #[track_caller]
+    fn status(&self, extra: &[&str]) -> (i32, String, String) {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("status").args(self.args()).args(extra);
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("LEASEWRAP_") || k.starts_with("ETCDCTL_") {
+                cmd.env_remove(&key);
+            }
+        }
+        let out = cmd.output().expect("run leasewrap status");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let code = out.status.code().unwrap_or(-1);
+        (code, text(&out.stdout), text(&out.stderr))
+    }
+
+    /// `status --json EXTRA...`, parsed, asserting the exit code.
+    #[track_caller]
+    fn status_json(&self, extra: &[&str], code: i32) -> Value {
+        let args: Vec<&str> = std::iter::once("--json")
+            .chain(extra.iter().copied())
+            .collect();
+        let (got, stdout, stderr) = self.status(&args);
+        assert_eq!(got, code, "status {extra:?}: {stdout}{stderr}");
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("status --json printed no JSON ({e}): {stdout}{stderr}"))
+    }
+}
+
+/// A leasewrap holding `name` while its child waits for `release`.
+struct Holder {
+    run: Running,
+    /// The child's fencing token, as it saw it.
+    token: u64,
+    /// The child's argv as the holder record shows it.
+    command: Vec<String>,
+    release: PathBuf,
+}
+
+#[track_caller]
+fn hold(sb: &Sandbox, store: &Store, name: &str) -> Holder {
+    let token_file = sb.path(&format!("{name}.seen-token"));
+    let release = sb.path(&format!("{name}.release"));
+    let script = format!(
+        "echo $LEASEWRAP_FENCING_TOKEN > {tok}; while [ ! -e {rel} ]; do sleep 0.02; done",
+        tok = q(&token_file),
+        rel = q(&release)
+    );
+    let run = store
+        .leasewrap(name)
+        .args(&["--ttl", "6s"])
+        .cmd(&["sh", "-c", &script])
+        .spawn();
+    let token = read_line_file(&token_file, STARTUP).parse().expect("token");
+    Holder {
+        run,
+        token,
+        command: vec!["sh".into(), "-c".into(), script],
+        release,
+    }
+}
+
+impl Holder {
+    #[track_caller]
+    fn release(mut self) {
+        std::fs::write(&self.release, "").expect("create release file");
+        self.run.wait_timeout(STARTUP);
+        assert_exit(&self.run, 0);
+    }
+}
+
+/// A leasewrap queued behind a holder of `name`; it runs `true` once its turn comes.
+fn queue(store: &Store, name: &str) -> Running {
+    store.leasewrap(name).cmd(&["true"]).spawn()
+}
+
+/// Polls `status --json NAME` until it shows `waiters` waiters; returns that object.
+#[track_caller]
+fn status_with_waiters(store: &Store, name: &str, waiters: u64) -> Value {
+    let mut last = Value::Null;
+    wait_until(STARTUP, &format!("{waiters} waiter(s) on {name}"), || {
+        last = store.status_json(&[name], 0);
+        last["waiters"] == waiters
+    });
+    last
+}
+
+/// Status of a held lease with one waiter, in JSON, text, and in the listing; then free.
+fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
+    let name = "nightly-report";
+    let holder = hold(sb, store, name);
+    let mut waiter = queue(store, name);
+    let lease = status_with_waiters(store, name, 1);
+    assert_eq!(lease["name"], name);
+    assert_eq!(lease["held"], true);
+    assert_eq!(lease["token"], holder.token, "{lease}");
+    assert_eq!(lease["holder"]["pid"], holder.run.pid(), "{lease}");
+    assert_eq!(
+        lease["holder"]["command"],
+        serde_json::json!(holder.command)
+    );
+    let host = nix::unistd::gethostname().unwrap();
+    assert_eq!(lease["holder"]["host"], host.to_str().unwrap());
+    match store {
+        Store::Local(dir) => {
+            assert_eq!(lease["backend"], "local");
+            assert_eq!(lease["time_left_s"], Value::Null, "{lease}");
+            assert_eq!(
+                lease["key"],
+                dir.join("nightly-report.lock").to_str().unwrap()
+            );
+        }
+        Store::Etcd { .. } => {
+            assert_eq!(lease["backend"], "etcd");
+            let left = lease["time_left_s"].as_i64().expect("time left");
+            assert!((1..=6).contains(&left), "time left {left}: {lease}");
+            assert_eq!(lease["ttl_s"], 6, "{lease}");
+        }
+    }
+
+    let (code, text, stderr) = store.status(&[name]);
+    assert_eq!(code, 0, "{text}{stderr}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "header and one lease: {text}");
+    let header = ["NAME", "STATE", "TOKEN", "TIME", "LEFT", "WAITERS", "HOST"];
+    assert!(lines[0].split_whitespace().take(7).eq(header), "{text}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    let pid = holder.run.pid().to_string();
+    let left = if matches!(store, Store::Local(_)) {
+        "-"
+    } else {
+        row[3]
+    };
+    let token = holder.token.to_string();
+    assert_eq!(
+        row[..7],
+        [
+            name,
+            "held",
+            &token,
+            left,
+            "1",
+            host.to_str().unwrap(),
+            &pid
+        ]
+    );
+    // The command column is last and unpadded: the shell form of argv.
+    assert!(lines[1].ends_with("; done'"), "{text}");
+    assert_eq!(
+        lines[0].find("COMMAND"),
+        lines[1].find("sh -c"),
+        "columns are not aligned:\n{text}"
+    );
+
+    let all = store.status_json(&[], 0);
+    let listed: Vec<&Value> = all.as_array().expect("an array").iter().collect();
+    assert_eq!(listed.len(), 1, "{all}");
+    assert_eq!(listed[0]["token"], holder.token);
+
+    holder.release();
+    waiter.wait_timeout(STARTUP);
+    assert_exit(&waiter, 0);
+    let free = store.status_json(&[name], 1);
+    assert_eq!(free["held"], false, "{free}");
+    assert_eq!(free["token"], Value::Null, "{free}");
+    assert_eq!(free["waiters"], 0, "{free}");
+    let (code, text, _) = store.status(&[name]);
+    assert_eq!(code, 1);
+    assert!(text
+        .lines()
+        .nth(1)
+        .unwrap()
+        .starts_with("nightly-report  free"));
+}
+
+#[test]
+fn status_on_the_local_backend_shows_holder_token_and_waiters_then_free() {
+    let sb = Sandbox::new();
+    status_shows_holder_token_and_waiters(&Store::Local(sb.state()), &sb);
+}
+
+#[test]
+fn status_on_etcd_3_4_shows_holder_token_time_left_and_waiters_then_free() {
+    let sb = Sandbox::new();
+    let store = Store::etcd(Version::V3_4, "status_held");
+    status_shows_holder_token_and_waiters(&store, &sb);
+}
+
+#[test]
+fn status_on_etcd_3_5_shows_holder_token_time_left_and_waiters_then_free() {
+    let sb = Sandbox::new();
+    let store = Store::etcd(Version::V3_5, "status_held");
+    status_shows_holder_token_and_waiters(&store, &sb);
+}
+
+/// A lease never taken is free (exit 1); with nothing anywhere the listing is empty (exit 0).
+fn status_of_a_lease_never_taken(store: &Store) {
+    let free = store.status_json(&["never-taken"], 1);
+    assert_eq!(free["name"], "never-taken");
+    assert_eq!(free["held"], false);
+    assert_eq!(free["holder"], Value::Null);
+    assert_eq!(store.status_json(&[], 0), serde_json::json!([]));
+    let (code, text, stderr) = store.status(&["never-taken"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(text.contains("never-taken  free"), "{text}");
+}
+
+#[test]
+fn status_of_a_free_local_lease_exits_1_and_creates_nothing() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-such-dir");
+    status_of_a_lease_never_taken(&Store::Local(missing.clone()));
+    assert!(!missing.exists(), "status created the local directory");
+    assert!(!sb.lock_file("never-taken").exists());
+}
+
+#[test]
+fn status_of_a_free_etcd_lease_exits_1_on_3_4_and_3_5() {
+    for version in Version::ALL {
+        status_of_a_lease_never_taken(&Store::etcd(version, "status_free"));
+    }
+}
+
+#[test]
+fn status_shows_an_etcdctl_lock_holder_under_the_empty_prefix() {
+    let server = etcd::shared(Version::V3_5);
+    let name = format!("etcdctl-lock-{}", std::process::id());
+    let mut lock = Command::new(Version::V3_5.etcdctl());
+    lock.env("ETCDCTL_API", "3")
+        .args(["--endpoints", &server.endpoint(), "lock", &name]);
+    lock.stdout(std::process::Stdio::piped());
+    let mut child = lock.spawn().expect("run etcdctl lock");
+    let _kill = KillOnDrop(vec![child.id() as i32]);
+    let store = Store::Etcd {
+        endpoint: server.endpoint(),
+        prefix: String::new(),
+    };
+    wait_until(STARTUP, "etcdctl lock to hold the lease", || {
+        store.status(&[&name]).0 == 0
+    });
+    let lease = store.status_json(&[&name], 0);
+    assert_eq!(lease["held"], true, "{lease}");
+    assert_eq!(
+        lease["holder"],
+        Value::Null,
+        "etcdctl records no holder: {lease}"
+    );
+    let key = lease["key"].as_str().unwrap();
+    let rev = server.etcdctl_ok(&["get", key, "-w", "json"]);
+    let rev: Value = serde_json::from_str(&rev).unwrap();
+    assert_eq!(lease["token"], rev["kvs"][0]["create_revision"], "{lease}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn status_exits_69_when_etcd_is_unreachable_and_64_for_a_bad_name() {
+    let dead = Store::Etcd {
+        endpoint: "http://127.0.0.1:1".into(),
+        prefix: "x/".into(),
+    };
+    let (code, _, stderr) = dead.status(&["--dial-timeout", "300ms", "job"]);
+    assert_eq!(code, 69, "{stderr}");
+    assert!(stderr.contains("unreachable"), "{stderr}");
+    let sb = Sandbox::new();
+    let (code, _, stderr) = Store::Local(sb.state()).status(&["a/b"]);
+    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// Every datagram that arrives on `socket` until one says STOPPING=1 (bounded).
+#[track_caller]
+fn notifications_until_stopping(socket: &UnixDatagram) -> Vec<String> {
+    socket.set_read_timeout(Some(STARTUP)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.iter().any(|m: &String| m.contains("STOPPING=1")) {
+        let n = socket
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no STOPPING=1 within {STARTUP:?} ({e}); got {got:?}"));
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    got
+}
+
+/// Runs `env` under leasewrap with NOTIFY_SOCKET=`address`; returns the child's environment.
+fn run_env_with_notify_socket(sb: &Sandbox, address: &str) -> String {
+    let out = sb
+        .leasewrap()
+        .name("notified")
+        .env("NOTIFY_SOCKET", address)
+        .cmd(&["env"])
+        .output();
+    assert_exit(&out, 0);
+    out.stdout
+}
+
+#[track_caller]
+fn assert_waiting_ready_stopping(got: &[String], token: u64) {
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0], "STATUS=waiting for lease notified");
+    let ready: Vec<&str> = got[1].lines().collect();
+    let holding = format!("STATUS=holding lease notified (token {token})");
+    assert_eq!(ready, ["READY=1", holding.as_str()], "{got:?}");
+    assert_eq!(got[2], "STOPPING=1");
+}
+
+#[test]
+fn sd_notify_sends_waiting_ready_stopping_in_order_and_the_child_never_sees_notify_socket() {
+    let sb = Sandbox::new();
+    let path = sb.path("notify.sock");
+    let socket = UnixDatagram::bind(&path).expect("bind notify socket");
+    let env = run_env_with_notify_socket(&sb, path.to_str().unwrap());
+    assert_waiting_ready_stopping(&notifications_until_stopping(&socket), 1);
+    assert!(
+        !env.contains("NOTIFY_SOCKET"),
+        "NOTIFY_SOCKET reached the child:\n{env}"
+    );
+    assert!(env.contains("LEASEWRAP_FENCING_TOKEN=1"), "{env}");
+
+    // systemd may name an abstract socket, written with a leading '@'.
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("leasewrap-test-notify-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let socket = UnixDatagram::bind_addr(&addr).expect("bind abstract notify socket");
+    let env = run_env_with_notify_socket(&sb, &format!("@{name}"));
+    assert_waiting_ready_stopping(&notifications_until_stopping(&socket), 2);
+    assert!(!env.contains("NOTIFY_SOCKET"), "{env}");
+}
+
+/// The JSON log line whose message is `message`, from `stderr`, every line parsed.
+#[track_caller]
+fn log_line(stderr: &str, message: &str) -> Value {
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let found = lines.iter().find(|l| l["message"] == message);
+    found
+        .unwrap_or_else(|| panic!("no {message:?} line in:\n{stderr}"))
+        .clone()
+}
+
+fn json_logs_carry_name_and_token(store: &Store) {
+    let out = store
+        .leasewrap("logged")
+        .args(&["--log-format", "json"])
+        .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN"])
+        .output();
+    assert_exit(&out, 0);
+    let token: u64 = out.stdout.trim().parse().expect("token");
+    for message in ["acquired", "released"] {
+        let line = log_line(&out.stderr, message);
+        assert_eq!(line["name"], "logged", "{line}");
+        assert_eq!(line["token"], token, "{line}");
+        assert_eq!(line["level"], "INFO", "{line}");
+        assert!(line["timestamp"].is_string(), "{line}");
+    }
+}
+
+#[test]
+fn json_log_lines_parse_and_acquired_and_released_carry_name_and_token() {
+    let sb = Sandbox::new();
+    json_logs_carry_name_and_token(&Store::Local(sb.state()));
+    json_logs_carry_name_and_token(&Store::etcd(Version::V3_5, "json_logs"));
+}
+
+#[test]
+fn json_log_format_also_comes_from_the_environment_and_errors_are_json_too() {
+    let sb = Sandbox::new();
+    let out = sb
+        .leasewrap()
+        .env("LEASEWRAP_LOG_FORMAT", "json")
+        .name("missing")
+        .cmd(&["leasewrap-test-no-such-command"])
+        .output();
+    assert_exit(&out, 127);
+    let line = log_line(
+        &out.stderr,
+        "leasewrap-test-no-such-command: command not found",
+    );
+    assert_eq!(line["level"], "ERROR", "{line}");
+}
