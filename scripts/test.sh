@@ -11,13 +11,15 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: etcd 3.4 (server and etcdctl),
-# faketime for the clock tests, openssl for the TLS test certificates.
+# faketime for the clock tests, openssl for the TLS test certificates, systemd for
+# `systemd-analyze verify` of the unit files (tests/docs.rs).
 install_debian_packages() {
     local missing=()
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
     [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
     command -v faketime >/dev/null || missing+=(faketime)
     command -v openssl >/dev/null || missing+=(openssl)
+    command -v systemd-analyze >/dev/null || missing+=(systemd)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
     $SUDO apt-get update -qq >/dev/null

@@ -59,7 +59,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// Local backend state directory
+    /// Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]
     #[arg(long, value_name = "DIR", env = "LEASEWRAP_LOCAL_DIR")]
     pub local_dir: Option<PathBuf>,
 
