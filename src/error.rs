@@ -88,7 +88,10 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
         "the lease is held (--no-wait) or the wait ran out (--wait); --conflict-exit-code changes it",
     ),
     ("77", "etcd refused the authentication or the TLS handshake"),
-    ("78", "bad configuration: a certificate or password file is unreadable"),
+    (
+        "78",
+        "bad configuration: a certificate or password file is unreadable, or the local directory or a lock file cannot be made or opened",
+    ),
     (
         "124",
         "the lease was lost and the child was stopped; --lost-exit-code changes it",
