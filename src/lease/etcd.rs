@@ -121,11 +121,12 @@ impl Etcd {
     async fn enqueue(&mut self, name: &str, record: &[u8]) -> Result<i64, Error> {
         let within = self.cfg.dial_timeout;
         let t_send = BootInstant::now();
-        let grant = call(
-            within,
-            self.client.lease_grant(ttl_secs(self.params.ttl), None),
-        )
-        .await?;
+        let ttl = ttl_secs(self.params.ttl);
+        let grant = call_retrying(within, &self.client, |mut c| async move {
+            c.lease_grant(ttl, None).await
+        })
+        .await
+        .map_err(|e| tls_refusal(&self.cfg, e))?;
         let schedule = match Schedule::granted(self.params, t_send, grant.ttl()) {
             Ok(s) => s,
             Err(GrantError::Expired) => {
@@ -175,7 +176,11 @@ impl Etcd {
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(prefix, Some(owner)),
             ]);
-        let resp = call(within, self.client.txn(txn)).await?;
+        let resp = call_retrying(within, &self.client, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
         let gets: Vec<_> = resp
             .op_responses()
             .into_iter()
@@ -208,10 +213,11 @@ impl Etcd {
     /// re-check after a wait). Starts the watch on the own key from the revision read.
     async fn confirm(&mut self) -> Result<bool, Error> {
         let attempt = self.attempt.as_mut().expect("enqueued");
-        let resp = call(
-            self.cfg.dial_timeout,
-            self.client.get(attempt.key.clone(), None),
-        )
+        let key = attempt.key.clone();
+        let resp = call_retrying(self.cfg.dial_timeout, &self.client, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })
         .await?;
         let ours = resp
             .kvs()
@@ -282,7 +288,14 @@ async fn revoke(client: &mut Client, attempt: Attempt, within: Duration) {
     for t in &attempt.tasks {
         t.abort();
     }
-    if let Err(e) = call(within, client.lease_revoke(attempt.lease_id)).await {
+    let id = attempt.lease_id;
+    if let Err(e) = call_retrying(
+        within,
+        client,
+        |mut c| async move { c.lease_revoke(id).await },
+    )
+    .await
+    {
         tracing::debug!(error = %e, "revoking the lease failed; it will expire by its TTL");
     }
 }
@@ -531,6 +544,45 @@ pub async fn call<T>(
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(classify(e)),
         Err(_) => Err(Error::Unavailable(format!("no answer within {:?}", within))),
+    }
+}
+
+/// Pause between tries of a request that failed the way a dead endpoint fails.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Like [`call`], but a failure that may be one endpoint's (refused, closed, no answer) is tried
+/// again on a fresh handle, so that another endpoint can answer, until `within` has passed.
+pub async fn call_retrying<T, Fut>(
+    within: Duration,
+    client: &Client,
+    request: impl Fn(Client) -> Fut,
+) -> Result<T, Error>
+where
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        match call(left, request(client.clone())).await {
+            Err(Error::Unavailable(_)) if left > RETRY_PAUSE => {
+                tokio::time::sleep(RETRY_PAUSE).await
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A TLS server that wants a client certificate may just close the connection (etcd 3.4 does):
+/// with TLS configured, that is a refusal (77), not an unreachable etcd.
+fn tls_refusal(cfg: &EtcdConfig, e: Error) -> Error {
+    let tls = cfg.endpoints.iter().any(|u| u.starts_with("https://"));
+    match e {
+        Error::Unavailable(text) if tls && text.contains("connection closed") => {
+            Error::Auth(format!(
+            "the server closed the TLS connection (does it require a client certificate?): {text}"
+        ))
+        }
+        other => other,
     }
 }
 

@@ -104,9 +104,10 @@ impl Supervisor {
             .map_err(|e| Error::internal("making the watchdog socket", e))?;
         let theirs = OwnedFd::from(theirs);
         let fd = theirs.as_raw_fd();
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::internal("finding leasewrap's own binary", e))?;
-        let mut cmd = Command::new(exe);
+        // /proc/self/exe, not the path: it still runs this binary after an upgrade replaced the
+        // file while we waited for the lease.
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg0("leasewrap");
         cmd.arg(watchdog::MODE)
             .arg(fd.to_string())
             .arg(spec.kill_after.as_nanos().to_string())
