@@ -197,7 +197,7 @@ pub struct ConnArgs {
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
 
-    /// File whose first line is the password [env: LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]
+    /// File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
 

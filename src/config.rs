@@ -80,14 +80,15 @@ impl std::fmt::Debug for EtcdConfig {
 /// A way to read environment variables, so tests need not touch the process environment.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-/// The process environment, with empty values treated as unset.
+/// The process environment.
 pub fn process_env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
+    std::env::var(key).ok()
 }
 
-/// First variable of `keys` that is set.
+/// First variable of `keys` that is set and not empty. (Only LEASEWRAP_PREFIX, read directly, is
+/// meaningful when empty: `--prefix ''` passes on to a child's nested leasewrap.)
 fn first(env: Env, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| env(k))
+    keys.iter().find_map(|k| env(k).filter(|v| !v.is_empty()))
 }
 
 impl Config {
@@ -205,10 +206,10 @@ fn default_local_dir(env: Env) -> Result<PathBuf, Error> {
     if nix::unistd::geteuid().is_root() {
         return Ok("/var/lib/leasewrap".into());
     }
-    if let Some(state) = env("XDG_STATE_HOME") {
+    if let Some(state) = first(env, &["XDG_STATE_HOME"]) {
         return Ok(Path::new(&state).join("leasewrap"));
     }
-    match env("HOME") {
+    match first(env, &["HOME"]) {
         Some(home) => Ok(Path::new(&home).join(".local/state/leasewrap")),
         None => Err(Error::Usage(
             "no --local-dir, and neither XDG_STATE_HOME nor HOME is set".into(),
@@ -301,7 +302,11 @@ fn check_endpoint(url: &str, tls: bool) -> Result<String, Error> {
 }
 
 fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
-    let from_file = match &conn.password_file {
+    let password_file = conn
+        .password_file
+        .clone()
+        .or_else(|| first(env, &["LEASEWRAP_PASSWORD_FILE"]).map(PathBuf::from));
+    let from_file = match &password_file {
         Some(p) => {
             let text = read_config_file(p, "--password-file")?;
             Some(
@@ -461,6 +466,28 @@ mod tests {
             &[],
         );
         assert!(matches!(r, Err(Error::Usage(_))));
+    }
+
+    #[test]
+    fn an_empty_prefix_from_the_environment_is_kept() {
+        let c = parse(
+            &["--endpoints", "a:1", "--", "true"],
+            &[("LEASEWRAP_PREFIX", "")],
+        )
+        .unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.prefix, "");
+        let c = parse(
+            &["--endpoints", "a:1", "--", "true"],
+            &[("ETCDCTL_DIAL_TIMEOUT", "")],
+        )
+        .unwrap();
+        let Backend::Etcd(e) = c.backend else {
+            panic!("etcd")
+        };
+        assert_eq!(e.dial_timeout, Duration::from_secs(2));
     }
 
     #[test]

@@ -40,7 +40,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cacert -d 'CA bundl
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l key -d 'Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
@@ -59,7 +59,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l key -d 'Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
@@ -82,7 +82,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cacer
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l key -d 'Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"

@@ -96,7 +96,7 @@ impl Etcd {
                         name: name.to_owned(),
                     });
                 }
-                tracing::info!(name, token = attempt.revision, "waiting for the lease");
+                tracing::info!(name = %name, token = attempt.revision, "waiting for the lease");
                 if !wait_turn(&mut self.client, &self.cfg, name, attempt).await? {
                     tracing::warn!(name, "own lease expired while waiting: queueing again");
                     self.abandon().await;

@@ -65,7 +65,7 @@ pub async fn acquire(dir: &Path, name: &str, block: bool) -> Result<LocalLock, E
         // Try without blocking first: an uncontended lock needs no thread.
         let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Err((file, nix::errno::Errno::EWOULDBLOCK)) if block => {
-                tracing::info!(name, "waiting for the lease");
+                tracing::info!(name = %name, "waiting for the lease");
                 tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))
                     .await
                     .map_err(|e| Error::internal("waiting for the lock", e))?
@@ -163,6 +163,9 @@ impl LocalLock {
         ttl / 3
     }
 
-    /// Drop the lock (closing the file releases it).
-    pub fn release(self) {}
+    /// Drop the lock (closing the file releases it), clearing the holder record first so the
+    /// file never names a holder that is gone.
+    pub fn release(self) {
+        let _ = self.lock.set_len(0);
+    }
 }

@@ -20,6 +20,7 @@ pub const READ: &[(&str, &str)] = &[
         "client key for TLS (--key). Not LEASEWRAP_KEY, which is the lock key given to COMMAND.",
     ),
     ("LEASEWRAP_USER, ETCDCTL_USER", "etcd user, or USER:PASSWORD (--user)."),
+    ("LEASEWRAP_PASSWORD_FILE", "file whose first line is the etcd password (--password-file)."),
     (
         "LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD",
         "the etcd password itself, when neither --password-file nor USER:PASSWORD gives it.",
