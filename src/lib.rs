@@ -40,6 +40,13 @@ use crate::run::Exit;
 
 /// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
 pub fn entry(args: Vec<OsString>) -> Exit {
+    // An empty variable counts as unset, as config.rs reads the others; clap would refuse it.
+    for key in ["LEASEWRAP_TTL", "LEASEWRAP_LOCAL_DIR", "LEASEWRAP_LOG_FORMAT"] {
+        if std::env::var_os(key).is_some_and(|v| v.is_empty()) {
+            // Still single-threaded: nothing else reads the environment concurrently.
+            std::env::remove_var(key);
+        }
+    }
     let cli = match cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
@@ -105,10 +112,23 @@ fn usage_error(e: clap::Error) -> Exit {
         let _ = e.print();
         return Exit::Code(0);
     }
-    let text = e.to_string();
-    let line = text.lines().next().unwrap_or("bad usage");
-    eprintln!("leasewrap: {}", line.trim_start_matches("error: "));
+    eprintln!("leasewrap: {}", first_line(&e.to_string()));
     Exit::Code(64)
+}
+
+/// clap's message as one line: its first paragraph, which for "the following required arguments
+/// were not provided:" includes the list of them.
+fn first_line(text: &str) -> String {
+    let para: Vec<&str> = text
+        .trim_start()
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    match para.join(" ").trim_start_matches("error: ") {
+        "" => "bad usage".to_owned(),
+        line => line.to_owned(),
+    }
 }
 
 fn fail(e: error::Error, codes: ExitCodes) -> Exit {
@@ -147,4 +167,17 @@ fn reraise(sig: Signal) {
     set.add(sig);
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
     let _ = nix::sys::signal::raise(sig);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_usage_error_is_one_line_naming_what_is_missing() {
+        let text = "error: the following required arguments were not provided:\n  --token <N>\n  <DEST>\n\nUsage: leasewrap fenced-write --token <N> <DEST>\n";
+        assert_eq!(
+            super::first_line(text),
+            "the following required arguments were not provided: --token <N> <DEST>"
+        );
+        assert_eq!(super::first_line("error: unexpected argument '-x' found\n\n  tip: ...\n"), "unexpected argument '-x' found");
+    }
 }
