@@ -41,8 +41,9 @@ pub enum Error {
     NotFound(PathBuf),
     #[error("{}: not executable", .0.display())]
     NotExecutable(PathBuf),
-    #[error("stale fencing token {given}: {what} has already seen {seen}")]
-    StaleToken { given: u64, seen: u64, what: String },
+    /// `seen` says what the resource holds instead, as in "report.csv.fence records token 9".
+    #[error("stale fencing token {given}: {seen}; nothing was written")]
+    StaleToken { given: u64, seen: String },
     #[error("interrupted by {0} while waiting for the lease; nothing was started")]
     Interrupted(nix::sys::signal::Signal),
     #[error("{0}")]
@@ -150,8 +151,7 @@ mod tests {
             Error::NotExecutable("x".into()),
             Error::StaleToken {
                 given: 1,
-                seen: 2,
-                what: String::new(),
+                seen: String::new(),
             },
             Error::Interrupted(Signal::SIGTERM),
             Error::Internal(String::new()),

@@ -41,7 +41,11 @@ use crate::run::Exit;
 /// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
 pub fn entry(args: Vec<OsString>) -> Exit {
     // An empty variable counts as unset, as config.rs reads the others; clap would refuse it.
-    for key in ["LEASEWRAP_TTL", "LEASEWRAP_LOCAL_DIR", "LEASEWRAP_LOG_FORMAT"] {
+    for key in [
+        "LEASEWRAP_TTL",
+        "LEASEWRAP_LOCAL_DIR",
+        "LEASEWRAP_LOG_FORMAT",
+    ] {
         if std::env::var_os(key).is_some_and(|v| v.is_empty()) {
             // Still single-threaded: nothing else reads the environment concurrently.
             std::env::remove_var(key);
@@ -178,6 +182,9 @@ mod tests {
             super::first_line(text),
             "the following required arguments were not provided: --token <N> <DEST>"
         );
-        assert_eq!(super::first_line("error: unexpected argument '-x' found\n\n  tip: ...\n"), "unexpected argument '-x' found");
+        assert_eq!(
+            super::first_line("error: unexpected argument '-x' found\n\n  tip: ...\n"),
+            "unexpected argument '-x' found"
+        );
     }
 }
