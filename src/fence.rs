@@ -28,7 +28,7 @@ pub fn write(args: &FencedWriteArgs) -> Result<(), Error> {
 }
 
 /// Replace `dest` with what `data` yields, unless `DEST.fence` has recorded a token above `token`.
-/// The token is recorded after the data is durable.
+/// The token is recorded after the new data is durable and before the rename.
 pub fn write_from(dest: &Path, token: u64, data: &mut impl Read) -> Result<(), Error> {
     let target = Target::new(dest)?;
     let fence = target.lock_fence()?;
@@ -42,10 +42,13 @@ pub fn write_from(dest: &Path, token: u64, data: &mut impl Read) -> Result<(), E
     }
     target.remove_stale_temps();
     let temp = target.spool(data)?;
-    target.replace_with(temp)?;
+    // Recorded once the new data is durable, and before it replaces DEST: a crash in between
+    // leaves the fence ahead of the data, which only refuses writers that are stale anyway. The
+    // other order would let a stale writer overwrite data whose token was never recorded.
     if seen != Some(token) {
         target.record(&fence, token)?;
     }
+    target.replace_with(temp)?;
     tracing::debug!(dest = %dest.display(), token, "replaced");
     Ok(())
 }
@@ -259,7 +262,8 @@ pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
         let txn = txn.clone();
         async move { c.txn(txn).await }
     })
-    .await?;
+    .await
+    .map_err(|e| etcd::tls_refusal(&cfg, e))?;
     if resp.succeeded() {
         tracing::debug!(key = %args.put_key, token = args.token, "put");
         return Ok(());

@@ -408,10 +408,12 @@ fn paused_leader(version: Version, resume: Resume) {
         fs::read_to_string(p("a.write")).ok().map(|s| s.trim().to_owned()),
         fs::read_to_string(p("a.put")).ok().map(|s| s.trim().to_owned()),
     );
-    if a_status.code() != Some(124) {
-        // SPEC F5 wants 124 here; see the report of issue 4. Not this test's subject (F6).
-        eprintln!("A's leasewrap did not end 124; its log:\n{}", a.stderr());
-    }
+    assert_eq!(
+        a_status.code(),
+        Some(124),
+        "A's leasewrap must say its lease was lost; its log:\n{}",
+        a.stderr()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

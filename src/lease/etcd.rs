@@ -563,18 +563,30 @@ where
     let until = tokio::time::Instant::now() + within;
     loop {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
-        match call(left, request(client.clone())).await {
-            Err(Error::Unavailable(_)) if left > RETRY_PAUSE => {
+        match timeout(left, request(client.clone())).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if transient(&e) && left > RETRY_PAUSE => {
                 tokio::time::sleep(RETRY_PAUSE).await
             }
-            other => return other,
+            Ok(Err(e)) => return Err(classify(e)),
+            Err(_) => return Err(Error::Unavailable(format!("no answer within {within:?}"))),
         }
+    }
+}
+
+/// A failure another endpoint might not have: transport errors and gRPC UNKNOWN (2),
+/// DEADLINE_EXCEEDED (4) and UNAVAILABLE (14). An answer such as "lease not found" is final.
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(s.code() as i32, 2 | 4 | 14),
+        _ => false,
     }
 }
 
 /// A TLS server that wants a client certificate may just close the connection (etcd 3.4 does):
 /// with TLS configured, that is a refusal (77), not an unreachable etcd.
-fn tls_refusal(cfg: &EtcdConfig, e: Error) -> Error {
+pub fn tls_refusal(cfg: &EtcdConfig, e: Error) -> Error {
     let tls = cfg.endpoints.iter().any(|u| u.starts_with("https://"));
     match e {
         Error::Unavailable(text) if tls && text.contains("connection closed") => {

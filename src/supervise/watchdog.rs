@@ -225,11 +225,13 @@ impl Watchdog {
             return;
         }
         let stop_at = self.deadline.map(|d| d - self.kill_after);
-        if self.deadline.is_some_and(|d| now >= d) || self.kill_at.is_some_and(|k| now >= k) {
-            self.kill_everything();
-        } else if self.kill_at.is_none() && stop_at.is_some_and(|s| now >= s) {
+        // Also when we slept through both the stop time and D: leasewrap must hear why.
+        if self.kill_at.is_none() && stop_at.is_some_and(|s| now >= s) {
             self.notify(FromWatchdog::DeadlinePassed);
             self.begin_stop(self.stop_signal, now);
+        }
+        if self.deadline.is_some_and(|d| now >= d) || self.kill_at.is_some_and(|k| now >= k) {
+            self.kill_everything();
         }
     }
 
