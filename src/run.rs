@@ -63,25 +63,24 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
     let program = supervise::resolve(&cfg.command[0])?;
     let mut signals = Signals::new()?;
     let notifier = Notifier::from_env();
-    let mut lessor = Lessor::connect(cfg).await?;
-    notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
-    let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
-    info!(name = %cfg.name, token = held.token, "acquired");
-    let spec = ChildSpec {
+    // The watchdog starts now and waits: its exec overlaps the work of taking the lease.
+    let mut sup = Supervisor::spawn(ChildSpec {
         program: &program,
         argv: &cfg.command,
-        env: child_env(cfg, &held),
+        env: base_env(),
         stop_signal: cfg.signal,
         kill_after: cfg
             .params
             .effective(cfg.params.ttl)
             .map(|e| e.kill_after)
             .unwrap_or_default(),
-    };
-    let outcome = match Supervisor::spawn(spec, held.deadline) {
-        Ok(mut sup) => hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await,
-        Err(e) => Err(e),
-    };
+    })?;
+    let mut lessor = Lessor::connect(cfg).await?;
+    notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
+    let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
+    info!(name = %cfg.name, token = held.token, "acquired");
+    sup.start(&lease_env(cfg, &held), held.deadline);
+    let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
     notifier.send("STOPPING=1");
     let token = held.token;
     held.release().await;
@@ -215,9 +214,9 @@ fn exit_of(status: i32) -> Exit {
     }
 }
 
-/// The child's environment: ours, less passwords and NOTIFY_SOCKET, plus the lease's variables.
-fn child_env(cfg: &Config, held: &Held) -> Vec<(OsString, OsString)> {
-    let mut set: Vec<(&str, String)> = vec![
+/// The lease's variables for the child (SPEC §2).
+fn lease_env(cfg: &Config, held: &Held) -> Vec<(String, String)> {
+    let mut set = vec![
         ("LEASEWRAP_FENCING_TOKEN", held.token.to_string()),
         ("LEASEWRAP_NAME", cfg.name.clone()),
         ("LEASEWRAP_KEY", held.key.clone()),
@@ -234,14 +233,27 @@ fn child_env(cfg: &Config, held: &Held) -> Vec<(OsString, OsString)> {
     if let Some(id) = held.lease_id {
         set.push(("LEASEWRAP_LEASE_ID", format!("{id:x}")));
     }
+    set.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// Variables that a leasewrap of ours may set in the child: never passed on from our own
+/// environment (a nested leasewrap must not leak its parent's values where it sets none).
+const LEASE_VARS: &[&str] = &[
+    "LEASEWRAP_FENCING_TOKEN",
+    "LEASEWRAP_KEY",
+    "LEASEWRAP_LEASE_ID",
+    "ETCD_LOCK_KEY",
+    "ETCD_LOCK_REV",
+];
+
+/// The child's environment before the lease is known: ours, less passwords, NOTIFY_SOCKET and
+/// the lease's own variables.
+fn base_env() -> Vec<(OsString, OsString)> {
     let removed = |k: &OsString| {
         let k = k.to_string_lossy();
-        k.ends_with("_PASSWORD") || k == "NOTIFY_SOCKET" || set.iter().any(|(s, _)| *s == k)
+        k.ends_with("_PASSWORD") || k == "NOTIFY_SOCKET" || LEASE_VARS.contains(&k.as_ref())
     };
-    let mut env: Vec<(OsString, OsString)> =
-        std::env::vars_os().filter(|(k, _)| !removed(k)).collect();
-    env.extend(set.into_iter().map(|(k, v)| (k.into(), v.into())));
-    env
+    std::env::vars_os().filter(|(k, _)| !removed(k)).collect()
 }
 
 /// Who holds the lease, as JSON: host, pid, command, start time.

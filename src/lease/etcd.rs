@@ -88,9 +88,11 @@ impl Etcd {
         block: bool,
     ) -> Result<EtcdHeld, Error> {
         loop {
-            let owner_rev = self.enqueue(name, record).await?;
+            let (owner_rev, seen_rev) = self.enqueue(name, record).await?;
             let attempt = self.attempt.as_mut().expect("enqueued");
+            let mut confirmed_at = Some(seen_rev);
             if owner_rev != attempt.revision {
+                confirmed_at = None;
                 if !block {
                     return Err(Error::Busy {
                         name: name.to_owned(),
@@ -103,7 +105,7 @@ impl Etcd {
                     continue;
                 }
             }
-            if self.confirm().await? {
+            if self.confirm(confirmed_at).await? {
                 let attempt = self.attempt.take().expect("enqueued");
                 return Ok(EtcdHeld {
                     client: self.client.clone(),
@@ -117,8 +119,8 @@ impl Etcd {
     }
 
     /// Grant a lease, start keeping it, and put our key behind the others. Returns the owner's
-    /// create revision.
-    async fn enqueue(&mut self, name: &str, record: &[u8]) -> Result<i64, Error> {
+    /// create revision and the revision the answer was read at.
+    async fn enqueue(&mut self, name: &str, record: &[u8]) -> Result<(i64, i64), Error> {
         let within = self.cfg.dial_timeout;
         let t_send = BootInstant::now();
         let ttl = ttl_secs(self.params.ttl);
@@ -206,23 +208,31 @@ impl Etcd {
             )));
         };
         self.attempt.as_mut().expect("set above").revision = revision;
-        Ok(owner_rev)
+        Ok((owner_rev, resp.header().map_or(revision, |h| h.revision())))
     }
 
     /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not
-    /// re-check after a wait). Starts the watch on the own key from the revision read.
-    async fn confirm(&mut self) -> Result<bool, Error> {
+    /// re-check after a wait). `seen` is the revision at which the lock transaction itself showed
+    /// us as the owner, when there was no wait: then that answer is the read. Starts the watch
+    /// on the own key from the revision read.
+    async fn confirm(&mut self, seen: Option<i64>) -> Result<bool, Error> {
         let attempt = self.attempt.as_mut().expect("enqueued");
-        let key = attempt.key.clone();
-        let resp = call_retrying(self.cfg.dial_timeout, &self.client, |mut c| {
-            let key = key.clone();
-            async move { c.get(key, None).await }
-        })
-        .await?;
-        let ours = resp
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.create_revision() == attempt.revision);
+        let (ours, read_at) = match seen {
+            Some(rev) => (true, rev),
+            None => {
+                let key = attempt.key.clone();
+                let resp = call_retrying(self.cfg.dial_timeout, &self.client, |mut c| {
+                    let key = key.clone();
+                    async move { c.get(key, None).await }
+                })
+                .await?;
+                let ours = resp
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == attempt.revision);
+                (ours, resp.header().map_or(0, |h| h.revision()))
+            }
+        };
         let ahead = {
             let s = attempt.state.borrow();
             s.lost.is_none() && BootInstant::now() < s.stop_at
@@ -230,7 +240,7 @@ impl Etcd {
         if !(ours && ahead) {
             return Ok(false);
         }
-        let from = resp.header().map_or(0, |h| h.revision()) + 1;
+        let from = read_at + 1;
         attempt.tasks.push(tokio::spawn(watch_own_key(
             self.client.clone(),
             attempt.key.clone(),

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -57,13 +57,13 @@ fn check_executable(p: &Path) -> Result<PathBuf, Error> {
     }
 }
 
-/// What the child is and what it is given.
+/// What the child is and what it is given before the lease is known.
 pub struct ChildSpec<'a> {
     /// The program found by [`resolve`].
     pub program: &'a Path,
     /// argv as the user gave it; argv\[0\] stays as written.
     pub argv: &'a [OsString],
-    /// The child's whole environment.
+    /// The child's environment, less the lease's variables (given by [`Supervisor::start`]).
     pub env: Vec<(OsString, OsString)>,
     pub stop_signal: Signal,
     pub kill_after: Duration,
@@ -96,39 +96,35 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Start the watchdog, which starts the child. Must be called inside the tokio runtime.
-    pub fn spawn(spec: ChildSpec<'_>, deadline: Option<BootInstant>) -> Result<Self, Error> {
+    /// Start the watchdog, which waits for [`Supervisor::start`] to start the child. Started
+    /// before the lease is taken, so its exec overlaps the wait. Inside the tokio runtime.
+    pub fn spawn(spec: ChildSpec<'_>) -> Result<Self, Error> {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| Error::internal("becoming a subreaper", e))?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| Error::internal("making the watchdog socket", e))?;
         let theirs = OwnedFd::from(theirs);
-        let fd = theirs.as_raw_fd();
+        // The watchdog inherits its end: close-on-exec is cleared here, in the parent, for the
+        // moment of the spawn (nothing else in leasewrap starts processes), so that no pre_exec
+        // hook is needed and the spawn can use posix_spawn instead of fork.
+        nix::fcntl::fcntl(
+            &theirs,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::internal("making the watchdog socket", e))?;
         // /proc/self/exe, not the path: it still runs this binary after an upgrade replaced the
         // file while we waited for the lease.
         let mut cmd = Command::new("/proc/self/exe");
-        cmd.arg0("leasewrap");
-        cmd.arg(watchdog::MODE)
-            .arg(fd.to_string())
+        cmd.arg0("leasewrap")
+            .arg(watchdog::MODE)
+            .arg(theirs.as_raw_fd().to_string())
             .arg(spec.kill_after.as_nanos().to_string())
             .arg((spec.stop_signal as i32).to_string())
             .arg("--")
             .arg(spec.program)
             .args(spec.argv)
             .env_clear()
-            .envs(spec.env)
-            .stdin(Stdio::inherit());
-        // SAFETY: runs in the forked process before exec; fcntl is async-signal-safe, and fd is open
-        // there. Clearing FD_CLOEXEC lets the
-        // watchdog inherit its end of the socket, which is close-on-exec everywhere else.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+            .envs(spec.env);
         let watchdog = cmd
             .spawn()
             .map_err(|e| Error::internal("starting the watchdog", e))?;
@@ -137,14 +133,28 @@ impl Supervisor {
             .map_err(|e| Error::internal("watchdog socket", e))?;
         let socket =
             UnixStream::from_std(ours).map_err(|e| Error::internal("watchdog socket", e))?;
-        let mut sup = Self {
+        Ok(Self {
             socket,
             partial: Vec::with_capacity(FRAME),
             watchdog,
             child: None,
-        };
-        sup.send(ToWatchdog::Deadline(deadline));
-        Ok(sup)
+        })
+    }
+
+    /// Start the child, with the lease's variables added to its environment, under `deadline`.
+    pub fn start(&mut self, lease_env: &[(String, String)], deadline: Option<BootInstant>) {
+        let env = protocol::encode_env(lease_env);
+        let mut sent = 0;
+        // A few hundred bytes into an empty socket buffer: one write in practice. EAGAIN would
+        // mean a watchdog that reads nothing, which next() then reports as dead.
+        while sent < env.len() {
+            match nix::unistd::write(&self.socket, &env[sent..]) {
+                Ok(n) => sent += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        self.send(ToWatchdog::Deadline(deadline));
     }
 
     /// Tell the watchdog something. A full or closed socket means the watchdog is dead, which
@@ -212,5 +222,15 @@ impl Supervisor {
                 Err(_) => return Event::WatchdogDied,
             }
         }
+    }
+}
+
+impl Drop for Supervisor {
+    /// A watchdog that never got its deadline (the lease was not acquired) ends when its socket
+    /// closes: close it and reap it, so nothing of ours outlives leasewrap.
+    fn drop(&mut self) {
+        let _ =
+            nix::sys::socket::shutdown(self.socket.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        let _ = self.watchdog.wait();
     }
 }

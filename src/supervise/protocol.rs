@@ -8,6 +8,35 @@ use crate::clock::BootInstant;
 /// Bytes in one frame.
 pub const FRAME: usize = 9;
 
+/// Tag of the one variable-length message: the lease's variables for the child's environment,
+/// as `KEY=VALUE` entries ended by NUL, sent before the first deadline.
+pub const ENV_TAG: u8 = b'V';
+
+/// The frame and payload that give the child these extra variables.
+pub fn encode_env(vars: &[(String, String)]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (k, v) in vars {
+        payload.extend_from_slice(format!("{k}={v}\0").as_bytes());
+    }
+    let mut out = frame(ENV_TAG, payload.len() as u64).to_vec();
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// The variables of an env payload.
+pub fn decode_env(payload: &[u8]) -> Vec<(String, String)> {
+    payload
+        .split(|b| *b == 0)
+        .filter_map(|entry| std::str::from_utf8(entry).ok()?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The tag and number of a frame, for the watchdog to tell an env header from the rest.
+pub fn unframe_raw(f: [u8; FRAME]) -> (u8, u64) {
+    unframe(f)
+}
+
 /// leasewrap -> watchdog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToWatchdog {
@@ -98,6 +127,20 @@ fn unframe(f: [u8; FRAME]) -> (u8, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_payload_survives_a_round_trip() {
+        let vars = vec![
+            ("LEASEWRAP_FENCING_TOKEN".to_owned(), "42".to_owned()),
+            ("LEASEWRAP_KEY".to_owned(), "leasewrap/a=b/1f".to_owned()),
+        ];
+        let bytes = encode_env(&vars);
+        assert_eq!(
+            unframe_raw(bytes[..FRAME].try_into().unwrap()),
+            (ENV_TAG, (bytes.len() - FRAME) as u64)
+        );
+        assert_eq!(decode_env(&bytes[FRAME..]), vars);
+    }
 
     #[test]
     fn every_message_survives_a_round_trip() {

@@ -24,7 +24,7 @@ use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFl
 use nix::sys::wait::WaitStatus;
 use nix::unistd::{getpid, getppid, Pid};
 
-use super::protocol::{FromWatchdog, ToWatchdog, FRAME};
+use super::protocol::{decode_env, unframe_raw, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
 use super::tree;
 use crate::clock::BootInstant;
 
@@ -118,11 +118,26 @@ fn run(args: Args) -> io::Result<()> {
     chld.add(Signal::SIGCHLD);
     let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
     let mut socket = UnixStream::from(args.socket);
-    let deadline = match read_frame(&mut socket)?.and_then(ToWatchdog::decode) {
-        Some(ToWatchdog::Deadline(d)) => d,
-        _ => return Err(io::Error::other("expected the first deadline")),
+    // Started before the lease is ours: wait for the lease's variables and the first deadline.
+    // leasewrap closing the socket first means it never got the lease: nothing to start.
+    let mut extra_env = Vec::new();
+    let deadline = loop {
+        let Some(f) = read_frame(&mut socket)? else {
+            return Ok(());
+        };
+        match unframe_raw(f) {
+            (ENV_TAG, len) => {
+                let mut payload = vec![0; len as usize];
+                socket.read_exact(&mut payload)?;
+                extra_env = decode_env(&payload);
+            }
+            _ => match ToWatchdog::decode(f) {
+                Some(ToWatchdog::Deadline(d)) => break d,
+                _ => return Ok(()),
+            },
+        }
     };
-    let child = match spawn(&args.argv) {
+    let child = match spawn(&args.argv, extra_env) {
         Ok(pid) => pid,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::EIO);
@@ -146,10 +161,13 @@ fn run(args: Args) -> io::Result<()> {
 }
 
 /// Start the child in its own process group, dying with this thread.
-fn spawn(argv: &[OsString]) -> io::Result<Pid> {
+fn spawn(argv: &[OsString], extra_env: Vec<(String, String)>) -> io::Result<Pid> {
     let parent = getpid();
     let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[2..]).arg0(&argv[1]).process_group(0);
+    cmd.args(&argv[2..])
+        .arg0(&argv[1])
+        .process_group(0)
+        .envs(extra_env);
     // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
     // functions (sigprocmask, prctl, getppid).
     unsafe {
