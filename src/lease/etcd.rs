@@ -90,22 +90,25 @@ impl Etcd {
         loop {
             let (owner_rev, seen_rev) = self.enqueue(name, record).await?;
             let attempt = self.attempt.as_mut().expect("enqueued");
-            let mut confirmed_at = Some(seen_rev);
-            if owner_rev != attempt.revision {
-                confirmed_at = None;
+            let read_at = if owner_rev == attempt.revision {
+                seen_rev
+            } else {
                 if !block {
                     return Err(Error::Busy {
                         name: name.to_owned(),
                     });
                 }
                 tracing::info!(name = %name, token = attempt.revision, "waiting for the lease");
-                if !wait_turn(&mut self.client, &self.cfg, name, attempt).await? {
-                    tracing::warn!(name, "own lease expired while waiting: queueing again");
-                    self.abandon().await;
-                    continue;
+                match wait_turn(&mut self.client, &self.cfg, name, attempt).await? {
+                    Some(rev) => rev,
+                    None => {
+                        tracing::warn!(name = %name, "own lease or key lost while waiting: queueing again");
+                        self.abandon().await;
+                        continue;
+                    }
                 }
-            }
-            if self.confirm(confirmed_at).await? {
+            };
+            if self.confirm(read_at) {
                 let attempt = self.attempt.take().expect("enqueued");
                 return Ok(EtcdHeld {
                     client: self.client.clone(),
@@ -113,7 +116,7 @@ impl Etcd {
                     release_within: self.cfg.dial_timeout.min(Duration::from_secs(1)),
                 });
             }
-            tracing::warn!(name, "lease lapsed while acquiring: queueing again");
+            tracing::warn!(name = %name, "lease lapsed while acquiring: queueing again");
             self.abandon().await;
         }
     }
@@ -212,43 +215,25 @@ impl Etcd {
     }
 
     /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not
-    /// re-check after a wait). `seen` is the revision at which the lock transaction itself showed
-    /// us as the owner, when there was no wait: then that answer is the read. Starts the watch
-    /// on the own key from the revision read.
-    async fn confirm(&mut self, seen: Option<i64>) -> Result<bool, Error> {
+    /// re-check after a wait). The key was read at `read_at`, by the lock transaction itself when
+    /// there was no wait, else by the last look of [`wait_turn`]; `D` is checked now. Starts the
+    /// watch on the own key from that revision on.
+    fn confirm(&mut self, read_at: i64) -> bool {
         let attempt = self.attempt.as_mut().expect("enqueued");
-        let (ours, read_at) = match seen {
-            Some(rev) => (true, rev),
-            None => {
-                let key = attempt.key.clone();
-                let resp = call_retrying(self.cfg.dial_timeout, &self.client, |mut c| {
-                    let key = key.clone();
-                    async move { c.get(key, None).await }
-                })
-                .await?;
-                let ours = resp
-                    .kvs()
-                    .first()
-                    .is_some_and(|kv| kv.create_revision() == attempt.revision);
-                (ours, resp.header().map_or(0, |h| h.revision()))
-            }
-        };
         let ahead = {
             let s = attempt.state.borrow();
             s.lost.is_none() && BootInstant::now() < s.stop_at
         };
-        if !(ours && ahead) {
-            return Ok(false);
+        if ahead {
+            attempt.tasks.push(tokio::spawn(watch_own_key(
+                self.client.clone(),
+                attempt.key.clone(),
+                attempt.revision,
+                read_at + 1,
+                attempt.state_tx.clone(),
+            )));
         }
-        let from = read_at + 1;
-        attempt.tasks.push(tokio::spawn(watch_own_key(
-            self.client.clone(),
-            attempt.key.clone(),
-            attempt.revision,
-            from,
-            attempt.state_tx.clone(),
-        )));
-        Ok(true)
+        ahead
     }
 
     /// Undo an attempt: stop keeping its lease and revoke it, which deletes its key.
@@ -310,37 +295,56 @@ async fn revoke(client: &mut Client, attempt: Attempt, within: Duration) {
     }
 }
 
-/// Wait until every key created before ours is gone; false when our own lease was lost first.
+/// Wait until every key created before ours is gone. Each look reads, in one transaction, the
+/// newest key ahead of ours and our own key, so the read that finds the way clear also confirms
+/// the key is still ours: returns the revision of that read, or `None` when our lease or key was
+/// lost first.
 async fn wait_turn(
     client: &mut Client,
     cfg: &EtcdConfig,
     name: &str,
     attempt: &mut Attempt,
-) -> Result<bool, Error> {
+) -> Result<Option<i64>, Error> {
     let prefix = format!("{}{name}/", cfg.prefix);
+    let ahead = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_max_create_revision(attempt.revision - 1)
+        .with_limit(1);
+    let look = Txn::new().and_then([
+        TxnOp::get(prefix, Some(ahead)),
+        TxnOp::get(attempt.key.clone(), None),
+    ]);
     loop {
         if attempt.state.borrow().lost.is_some() {
-            return Ok(false);
+            return Ok(None);
         }
-        let ahead = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(attempt.revision - 1)
-            .with_limit(1);
-        let resp = match call(cfg.dial_timeout, client.get(prefix.clone(), Some(ahead))).await {
+        let resp = match call(cfg.dial_timeout, client.txn(look.clone())).await {
             Ok(r) => r,
             Err(_) => {
                 lost_or_pause(&mut attempt.state, Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let Some(kv) = resp.kvs().first() else {
-            return Ok(true);
+        let read_at = resp.header().map_or(0, |h| h.revision());
+        let gets: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let first = |i: usize| gets.get(i).and_then(|g| g.kvs().first());
+        if !first(1).is_some_and(|kv| kv.create_revision() == attempt.revision) {
+            return Ok(None);
+        }
+        let Some(kv) = first(0) else {
+            return Ok(Some(read_at));
         };
-        let from = resp.header().map_or(0, |h| h.revision()) + 1;
         let watch = client.watch(
             kv.key().to_vec(),
-            Some(WatchOptions::new().with_start_revision(from)),
+            Some(WatchOptions::new().with_start_revision(read_at + 1)),
         );
         let mut stream = match timeout(cfg.dial_timeout, watch).await {
             Ok(Ok(s)) => s,
@@ -353,7 +357,7 @@ async fn wait_turn(
                     Ok(Some(_)) => {}
                     _ => break,
                 },
-                _ = attempt.state.changed() => if attempt.state.borrow().lost.is_some() { return Ok(false) },
+                _ = attempt.state.changed() => if attempt.state.borrow().lost.is_some() { return Ok(None) },
             }
         }
     }
@@ -571,15 +575,25 @@ where
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
     let until = tokio::time::Instant::now() + within;
+    let mut last = None;
     loop {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         match timeout(left, request(client.clone())).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if transient(&e) && left > RETRY_PAUSE => {
-                tokio::time::sleep(RETRY_PAUSE).await
+            Ok(Err(e)) => {
+                let again = transient(&e);
+                let err = classify(e);
+                if !(again && matches!(err, Error::Unavailable(_)) && left > RETRY_PAUSE) {
+                    return Err(err);
+                }
+                last = Some(err);
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
-            Ok(Err(e)) => return Err(classify(e)),
-            Err(_) => return Err(Error::Unavailable(format!("no answer within {within:?}"))),
+            // Out of time: the last failure says more than the timeout does.
+            Err(_) => {
+                return Err(last
+                    .unwrap_or_else(|| Error::Unavailable(format!("no answer within {within:?}"))))
+            }
         }
     }
 }

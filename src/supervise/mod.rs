@@ -197,15 +197,10 @@ impl Supervisor {
                 Event::Started(Pid::from_raw(pid))
             }
             FromWatchdog::DeadlinePassed => Event::DeadlinePassed,
-            FromWatchdog::SpawnFailed(errno) => {
-                let _ = self.watchdog.wait();
-                Event::SpawnFailed(errno)
-            }
-            FromWatchdog::Exited(status) => {
-                // The watchdog exits right after this message.
-                let _ = self.watchdog.wait();
-                Event::Exited(status)
-            }
+            // The watchdog exits right after either; it is reaped on drop, after the lease has
+            // been given back, so that the next holder does not wait for it.
+            FromWatchdog::SpawnFailed(errno) => Event::SpawnFailed(errno),
+            FromWatchdog::Exited(status) => Event::Exited(status),
         }
     }
 
