@@ -78,8 +78,8 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
     let mut lessor = Lessor::connect(cfg).await?;
     notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
-    info!(name = %cfg.name, token = held.token, "acquired");
     sup.start(&lease_env(cfg, &held), held.deadline);
+    info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
     notifier.send("STOPPING=1");
     let token = held.token;

@@ -186,14 +186,7 @@ impl Etcd {
             async move { c.txn(txn).await }
         })
         .await?;
-        let gets: Vec<_> = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .collect();
+        let gets = txn_gets(&resp);
         let first_rev = |i: usize| {
             gets.get(i)
                 .and_then(|g| g.kvs().first())
@@ -327,14 +320,7 @@ async fn wait_turn(
             }
         };
         let read_at = resp.header().map_or(0, |h| h.revision());
-        let gets: Vec<_> = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .collect();
+        let gets = txn_gets(&resp);
         let first = |i: usize| gets.get(i).and_then(|g| g.kvs().first());
         if !first(1).is_some_and(|kv| kv.create_revision() == attempt.revision) {
             return Ok(None);
@@ -361,6 +347,17 @@ async fn wait_turn(
             }
         }
     }
+}
+
+/// The answers to the gets of a transaction, in order.
+fn txn_gets(resp: &etcd_client::TxnResponse) -> Vec<etcd_client::GetResponse> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Sleep up to `pause`, waking early if the lease is lost.
