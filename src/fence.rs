@@ -123,13 +123,7 @@ impl Target {
 
     /// Open (creating) and lock `DEST.fence`; waits for a writer holding it.
     fn lock_fence(&self) -> Result<Flock<File>, Error> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&self.fence)
+        let file = crate::lease::local::open_state_file(&self.fence)
             .map_err(|e| Error::Config(format!("fenced-write: {}: {e}", self.fence.display())))?;
         Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
             Error::internal(format!("fenced-write: flock {}", self.fence.display()), e)

@@ -102,15 +102,7 @@ impl Server for Cluster {
 /// etcdctl, panicking with its stderr on failure; returns stdout.
 #[track_caller]
 fn ctl_ok(server: &dyn Server, args: &[&str]) -> String {
-    let out = server.ctl(args);
-    assert!(
-        out.status.success(),
-        "etcdctl {} failed ({}): {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    support::etcd::checked(server.ctl(args), args)
 }
 
 /// One key as `etcdctl get -w json` shows it.

@@ -34,6 +34,18 @@ pub fn token_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.token"))
 }
 
+/// Open a small state file (lock, token, fence) for reading and writing, creating it with mode
+/// 0644 and never truncating it: its contents matter to whoever holds its lock.
+pub fn open_state_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(path)
+}
+
 /// Create the state directory, owner-only unless it already exists.
 pub fn ensure_dir(dir: &Path) -> Result<(), Error> {
     let mode = if nix::unistd::geteuid().is_root() {
@@ -54,13 +66,7 @@ pub async fn acquire(dir: &Path, name: &str, block: bool) -> Result<LocalLock, E
     ensure_dir(dir)?;
     let path = lock_path(dir, name);
     let lock = loop {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&path)
+        let file = open_state_file(&path)
             .map_err(|e| Error::Config(format!("lock file {}: {e}", path.display())))?;
         // Try without blocking first: an uncontended lock needs no thread.
         let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
@@ -102,14 +108,7 @@ fn still_named(lock: &Flock<File>, path: &Path) -> bool {
 fn next_token(path: &Path) -> Result<u64, Error> {
     let fail = |e: std::io::Error| Error::internal(format!("token file {}", path.display()), e);
     let existed = path.exists();
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(path)
-        .map_err(fail)?;
+    let mut file = open_state_file(path).map_err(fail)?;
     let mut text = String::new();
     file.read_to_string(&mut text).map_err(fail)?;
     let last: u64 = match text.trim() {

@@ -822,8 +822,9 @@ fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()))
 }
 
+/// The stdout of a successful etcdctl run; panics with its stderr otherwise.
 #[track_caller]
-fn checked(out: Output, args: &[&str]) -> String {
+pub fn checked(out: Output, args: &[&str]) -> String {
     assert!(
         out.status.success(),
         "etcdctl {} failed ({}): {}",
