@@ -192,8 +192,9 @@ fn on_signal(sup: &mut Supervisor, sig: Signal) {
 fn on_lease(cfg: &Config, token: u64, sup: &mut Supervisor, ev: LeaseEvent, ending: &mut Ending) {
     match ev {
         LeaseEvent::Renewed(d) => sup.send(ToWatchdog::Deadline(Some(d))),
-        LeaseEvent::Trouble(why) => {
-            warn!(name = %cfg.name, token, reason = %why, "renewal trouble")
+        LeaseEvent::Trouble(why, d) => {
+            sup.send(ToWatchdog::Deadline(Some(d)));
+            warn!(name = %cfg.name, token, reason = %why, "renewal trouble");
         }
         LeaseEvent::Lost(why) => {
             sup.send(ToWatchdog::Stop);
@@ -246,14 +247,24 @@ const LEASE_VARS: &[&str] = &[
     "ETCD_LOCK_REV",
 ];
 
-/// The child's environment before the lease is known: ours, less passwords, NOTIFY_SOCKET and
-/// the lease's own variables.
+/// The child's environment before the lease is known: ours, less passwords (also those written
+/// as USER:PASSWORD), NOTIFY_SOCKET and the lease's own variables.
 fn base_env() -> Vec<(OsString, OsString)> {
     let removed = |k: &OsString| {
         let k = k.to_string_lossy();
         k.ends_with("_PASSWORD") || k == "NOTIFY_SOCKET" || LEASE_VARS.contains(&k.as_ref())
     };
-    std::env::vars_os().filter(|(k, _)| !removed(k)).collect()
+    std::env::vars_os()
+        .filter(|(k, _)| !removed(k))
+        .map(|(k, v)| {
+            // USER:PASSWORD, as etcdctl takes it, keeps its user and loses its password.
+            let user_var = k == "LEASEWRAP_USER" || k == "ETCDCTL_USER";
+            match v.to_str().and_then(|v| v.split_once(':')) {
+                Some((user, _)) if user_var => (k, user.into()),
+                _ => (k, v),
+            }
+        })
+        .collect()
 }
 
 /// Who holds the lease, as JSON: host, pid, command, start time.

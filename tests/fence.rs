@@ -325,6 +325,7 @@ fn paused_leader(version: Version, resume: Resume) {
     let a_script = format!(
         "{pid}; {token}
          i=0; while [ ! -e {go} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i + 1)); done
+         [ -e {go} ] || exit 99
          echo 'v2 (from A)' | {bin} fenced-write {dest}; {wrote}
          {bin} fenced-put {data_key} 'from A'; {put}
          exec sleep 1000",

@@ -334,12 +334,15 @@ async fn wait_turn(
         );
         let mut stream = match timeout(cfg.dial_timeout, watch).await {
             Ok(Ok(s)) => s,
-            _ => continue,
+            _ => {
+                lost_or_pause(&mut attempt.state, Duration::from_millis(100)).await;
+                continue;
+            }
         };
         loop {
             tokio::select! {
                 msg = stream.message() => match msg {
-                    Ok(Some(resp)) if resp.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
+                    Ok(Some(resp)) if resp.canceled() || resp.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
                     Ok(Some(_)) => {}
                     _ => break,
                 },
@@ -485,6 +488,22 @@ async fn watch_own_key(
             continue;
         };
         while let Ok(Some(resp)) = stream.message().await {
+            if resp.canceled() {
+                // Cancelled by etcd (its start revision compacted away, say): read the key again
+                // and watch on from that read, or lose the lease if the key is gone.
+                match client.get(key.clone(), None).await {
+                    Ok(r)
+                        if r.kvs()
+                            .first()
+                            .is_some_and(|kv| kv.create_revision() == revision) =>
+                    {
+                        from = r.header().map_or(from, |h| h.revision() + 1);
+                    }
+                    Ok(_) => return lose(&tx, &format!("lock key {key} is gone")),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+                break;
+            }
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
                 from = from.max(kv.mod_revision() + 1);

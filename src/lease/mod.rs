@@ -19,8 +19,9 @@ use crate::error::Error;
 pub enum LeaseEvent {
     /// A renewal moved `D` to this instant.
     Renewed(BootInstant),
-    /// Renewals started failing, for this reason; `D` is not moving until they recover.
-    Trouble(String),
+    /// Renewals started failing, for this reason; `D` (the latest, which may have moved just
+    /// before) is not moving until they recover.
+    Trouble(String, BootInstant),
     /// The lease is gone, for this reason: stop the child now.
     Lost(String),
 }
@@ -127,7 +128,7 @@ impl Held {
                 let state = held.next_change().await;
                 match (state.lost, state.trouble) {
                     (Some(why), _) => LeaseEvent::Lost(why),
-                    (None, Some(why)) => LeaseEvent::Trouble(why),
+                    (None, Some(why)) => LeaseEvent::Trouble(why, state.deadline),
                     (None, None) => LeaseEvent::Renewed(state.deadline),
                 }
             }

@@ -215,8 +215,10 @@ impl Schedule {
             self.failed(now);
             return Verdict::Ignored;
         }
-        if let Ok(timing) = self.params.effective(Duration::from_secs(ttl_secs as u64)) {
-            self.timing = timing;
+        // A TTL the rules cannot work with (a server that shortened the lease) is not renewal.
+        match self.params.effective(Duration::from_secs(ttl_secs as u64)) {
+            Ok(timing) => self.timing = timing,
+            Err(_) => return Verdict::Lost,
         }
         self.deadline = self.deadline.max(self.timing.deadline(t_send));
         self.next_send = t_send + self.timing.renew_every();
@@ -352,7 +354,7 @@ mod tests {
     }
 
     #[test]
-    fn an_older_send_never_moves_the_deadline_backwards() {
+    fn a_shorter_ttl_for_a_later_send_never_moves_the_deadline_backwards() {
         let mut s = granted_at(5_000);
         let before = s.deadline();
         // a reply granting a shorter TTL for a later send must not shorten D either
@@ -398,7 +400,7 @@ mod tests {
 
     #[test]
     fn validation_rule_holds_at_its_edge_and_fails_past_it() {
-        // TTL 10 s, drift 0: TTL/3 + ka + margin < 10 s. With margin 1 s: ka < 5.666.. s.
+        // TTL 9 s, drift 0: TTL/3 + ka + margin < 9 s. With margin 1 s: ka < 5 s.
         let p = |ka_ms| Params {
             ttl: Duration::from_secs(9),
             kill_after: Some(Duration::from_millis(ka_ms)),

@@ -86,7 +86,7 @@ pub enum Event {
 
 /// leasewrap's handle on the watchdog and, through it, the child.
 pub struct Supervisor {
-    /// Our end of the socket; `None` after the watchdog went away.
+    /// Our end of the socket to the watchdog.
     socket: UnixStream,
     /// Bytes of a frame read so far; reading is cancel-safe because it keeps them here.
     partial: Vec<u8>,

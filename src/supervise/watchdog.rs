@@ -104,12 +104,17 @@ fn run(args: Args) -> io::Result<()> {
     // INT, QUIT, HUP and TERM reach leasewrap, which forwards them: the watchdog must outlive
     // them. SIGCHLD is read from a signalfd. The child unblocks them all before exec.
     let mut mask = SigSet::empty();
+    // TSTP, TTIN and TTOU too: a terminal's Ctrl-Z must not stop the watchdog while the child,
+    // in its own process group, runs on past D.
     for s in [
         Signal::SIGCHLD,
         Signal::SIGINT,
         Signal::SIGQUIT,
         Signal::SIGHUP,
         Signal::SIGTERM,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
     ] {
         mask.add(s);
     }
@@ -137,6 +142,13 @@ fn run(args: Args) -> io::Result<()> {
             },
         }
     };
+    // The stop time may already have passed while leasewrap was sending (it checked just before):
+    // then the child must not start at all.
+    if deadline.is_some_and(|d| BootInstant::now() >= d - args.kill_after) {
+        let _ = socket.write_all(&FromWatchdog::DeadlinePassed.encode());
+        let _ = socket.write_all(&FromWatchdog::Exited(libc::SIGKILL).encode());
+        return Ok(());
+    }
     let child = match spawn(&args.argv, extra_env) {
         Ok(pid) => pid,
         Err(e) => {

@@ -74,7 +74,7 @@ pub const GIVEN: &[(&str, &str)] = &[
     ),
     (
         "ETCD_LOCK_KEY, ETCD_LOCK_REV",
-        "the lock key and its create revision, as etcdctl lock gives them (etcd only).",
+        "the lock key, and its create revision (the fencing token), for scripts written for etcdctl lock; etcdctl itself gives the revision at which it acquired, which also grows with each holder (etcd only).",
     ),
 ];
 
@@ -227,9 +227,9 @@ fn main_page(cmd: &clap::Command) -> String {
         .items(leasewrap::error::EXIT_STATUS_TABLE)
         .para("leasewrap status has statuses of its own: see leasewrap-status(1).");
     s.heading("ENVIRONMENT")
-        .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty connection variable (endpoints, prefix, TLS, user, password, dial timeout) counts as unset, so the empty prefix can only be given as --prefix ''; an empty LEASEWRAP_TTL, LEASEWRAP_LOCAL_DIR or LEASEWRAP_LOG_FORMAT is bad usage. --name never comes from the environment: a child that runs leasewrap again must not queue behind itself.")
+        .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself.")
         .items(READ)
-        .para("COMMAND gets leasewrap's environment less every variable whose name ends in _PASSWORD and less NOTIFY_SOCKET, plus:")
+        .para("COMMAND gets leasewrap's environment less every variable whose name ends in _PASSWORD, the password part of a USER:PASSWORD in LEASEWRAP_USER or ETCDCTL_USER, and NOTIFY_SOCKET, plus:")
         .items(GIVEN)
         .para("No file descriptor of leasewrap's (lock files, sockets) is passed on to COMMAND.");
     s.heading("FILES")
