@@ -78,7 +78,7 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
     let mut lessor = Lessor::connect(cfg).await?;
     notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
-    sup.start(&lease_env(cfg, &held), held.deadline);
+    sup.start(&lease_env(cfg, &held), held.deadline, held.keep_fd());
     info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
     notifier.send("STOPPING=1");

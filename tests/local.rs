@@ -464,6 +464,58 @@ fn sigkill_to_leasewrap_kills_the_whole_tree_including_a_daemon() {
 }
 
 #[test]
+fn after_sigkill_to_leasewrap_the_queued_holder_starts_only_once_the_old_tree_is_gone() {
+    let sb = Sandbox::new();
+    let mut tree = start_tree(&sb, "handoff");
+    let seen = sb.path("seen");
+    // The next holder's child lists whichever process of the old tree still has a /proc entry
+    // (running, or a zombie not yet reaped) at the moment it starts.
+    let check = format!(
+        "for p in $(cat {} {}); do [ -e /proc/$p/stat ] && echo $p; done > {}.tmp; mv {}.tmp {}",
+        q(&sb.path("child.pid")),
+        q(&sb.path("daemon.pid")),
+        q(&seen),
+        q(&seen),
+        q(&seen)
+    );
+    let mut next = sb
+        .leasewrap()
+        .name("handoff")
+        .cmd(&["sh", "-c", &check])
+        .spawn();
+    let lock = fs::canonicalize(sb.lock_file("handoff")).expect("lock file of the first holder");
+    wait_until(STARTUP, "the next holder to queue on the lock file", || {
+        has_open(next.pid(), &lock)
+    });
+    // The watchdog is held still, so the old tree cannot die yet; leasewrap dies, and with it
+    // its own descriptor of the lock file.
+    let watchdog = Pid::from_raw(tree.watchdog);
+    signal::kill(watchdog, Signal::SIGSTOP).expect("stop the watchdog");
+    tree.leasewrap.kill(Signal::SIGKILL);
+    tree.leasewrap.wait_timeout(STARTUP);
+    // Waiting out a window is the assertion here: the lock must stay held as long as the old
+    // tree can run.
+    let window = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < window {
+        assert!(
+            !seen.exists(),
+            "the next holder started while the old tree could still run"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal::kill(watchdog, Signal::SIGCONT).expect("continue the watchdog");
+    wait_for_file(&seen, STARTUP);
+    next.wait_timeout(STARTUP);
+    assert_exit(&next, 0);
+    assert_eq!(
+        fs::read_to_string(&seen).unwrap(),
+        "",
+        "the next holder started while the old child or daemon still existed"
+    );
+    tree.assert_gone();
+}
+
+#[test]
 fn sigkill_to_the_watchdog_kills_the_whole_tree_including_a_daemon() {
     let sb = Sandbox::new();
     let mut tree = start_tree(&sb, "watchdog");

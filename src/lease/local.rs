@@ -140,6 +140,12 @@ impl LocalLock {
         let _ = self.lock.write_all_at(record, 0);
     }
 
+    /// The locked file, for the watchdog to hold until the child's tree is gone.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.lock.as_fd()
+    }
+
     /// The lock file's path: the lock key the child is told.
     pub fn path(&self) -> &Path {
         &self.path

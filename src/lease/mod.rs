@@ -115,6 +115,15 @@ impl Lessor {
 }
 
 impl Held {
+    /// What the watchdog must hold open while the child's tree lives: the local lock file, whose
+    /// lock the kernel would otherwise hand on the moment leasewrap dies.
+    pub fn keep_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match &self.inner {
+            HeldInner::Local { lock, .. } => Some(lock.fd()),
+            HeldInner::Etcd(_) => None,
+        }
+    }
+
     /// The next renewal or loss. Cancel-safe.
     pub async fn next_event(&mut self) -> LeaseEvent {
         match &mut self.inner {

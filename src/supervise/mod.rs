@@ -9,7 +9,7 @@ pub mod tree;
 pub mod watchdog;
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -142,13 +142,32 @@ impl Supervisor {
     }
 
     /// Start the child, with the lease's variables added to its environment, under `deadline`.
-    pub fn start(&mut self, lease_env: &[(String, String)], deadline: Option<BootInstant>) {
+    pub fn start(
+        &mut self,
+        lease_env: &[(String, String)],
+        deadline: Option<BootInstant>,
+        keep: Option<BorrowedFd<'_>>,
+    ) {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
         let env = protocol::encode_env(lease_env);
+        // `keep` (the local backend's locked lock file) rides along with the first byte: the
+        // watchdog holds it until the whole tree is gone, so the kernel cannot hand the lock to
+        // the next holder while a child of ours still runs, even if leasewrap is SIGKILLed.
+        let fds = keep.map(|fd| [fd.as_raw_fd()]);
+        let cmsgs: Vec<ControlMessage> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
         let mut sent = 0;
-        // A few hundred bytes into an empty socket buffer: one write in practice. EAGAIN would
+        // A few hundred bytes into an empty socket buffer: one call in practice. EAGAIN would
         // mean a watchdog that reads nothing, which next() then reports as dead.
         while sent < env.len() {
-            match nix::unistd::write(&self.socket, &env[sent..]) {
+            let iov = [std::io::IoSlice::new(&env[sent..])];
+            let cmsgs = if sent == 0 { &cmsgs[..] } else { &[] };
+            match sendmsg::<()>(
+                self.socket.as_raw_fd(),
+                &iov,
+                cmsgs,
+                MsgFlags::empty(),
+                None,
+            ) {
                 Ok(n) => sent += n,
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(_) => break,

@@ -9,7 +9,7 @@
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -126,10 +126,14 @@ fn run(args: Args) -> io::Result<()> {
     // Started before the lease is ours: wait for the lease's variables and the first deadline.
     // leasewrap closing the socket first means it never got the lease: nothing to start.
     let mut extra_env = Vec::new();
+    // The local backend's lock file, held until this process exits (see Supervisor::start).
+    let mut _lock: Option<OwnedFd> = None;
     let deadline = loop {
-        let Some(f) = read_frame(&mut socket)? else {
-            return Ok(());
-        };
+        let mut f = [0; FRAME];
+        match recv_exact_with_fd(&socket, &mut f)? {
+            Received::Closed => return Ok(()),
+            Received::Data(fd) => _lock = _lock.or(fd),
+        }
         match unframe_raw(f) {
             (ENV_TAG, len) => {
                 let mut payload = vec![0; len as usize];
@@ -196,6 +200,49 @@ fn spawn(argv: &[OsString], extra_env: Vec<(String, String)>) -> io::Result<Pid>
     }
     let child = cmd.spawn()?;
     Ok(Pid::from_raw(child.id() as i32))
+}
+
+/// What [`recv_exact_with_fd`] got.
+enum Received {
+    /// The buffer is full; with a descriptor if one came along.
+    Data(Option<OwnedFd>),
+    /// leasewrap closed the socket first.
+    Closed,
+}
+
+/// Fill `buf` from the socket with recvmsg, keeping a descriptor passed with the data
+/// (close-on-exec, so the child never sees it).
+fn recv_exact_with_fd(socket: &UnixStream, buf: &mut [u8]) -> io::Result<Received> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut got = 0;
+    let mut fd = None;
+    while got < buf.len() {
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+        let mut iov = [io::IoSliceMut::new(&mut buf[got..])];
+        let msg = match recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => m,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if msg.bytes == 0 {
+            return Ok(Received::Closed);
+        }
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                for raw in fds {
+                    // SAFETY: the kernel just installed this descriptor in our table for us.
+                    fd = fd.or(Some(unsafe { OwnedFd::from_raw_fd(raw) }));
+                }
+            }
+        }
+        got += msg.bytes;
+    }
+    Ok(Received::Data(fd))
 }
 
 fn read_frame(socket: &mut UnixStream) -> io::Result<Option<[u8; FRAME]>> {
