@@ -137,7 +137,11 @@ impl Etcd {
             Err(GrantError::Expired) => {
                 return Err(Error::Unavailable("etcd granted a lease with TTL 0".into()))
             }
-            Err(GrantError::DoesNotFit(e)) => return Err(Error::Usage(e.to_string())),
+            Err(GrantError::DoesNotFit(e)) => {
+                let id = grant.id();
+                let _ = call(within, self.client.lease_revoke(id)).await;
+                return Err(Error::Usage(e.to_string()));
+            }
         };
         let lease_id = grant.id();
         let initial = KeeperState {
@@ -449,7 +453,12 @@ async fn open_stream(
     tx: &watch::Sender<KeeperState>,
 ) -> Verdict {
     schedule.sent(t_send);
-    let within = t_send.until(schedule.stop_at());
+    // Due like any reply: within TTL/3 of the send, and by the stop time at the latest.
+    let due = match schedule.next(t_send) {
+        Next::AwaitReplyUntil(due) => due,
+        _ => schedule.stop_at(),
+    };
+    let within = BootInstant::now().until(due);
     match timeout(within, client.lease_keep_alive(id)).await {
         Ok(Ok(pair)) => {
             *stream = Some(pair);

@@ -9,7 +9,7 @@ use etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
 use super::{Holder, LeaseStatus};
 use crate::config::EtcdConfig;
 use crate::error::Error;
-use crate::lease::etcd::{call, connect};
+use crate::lease::etcd::{call_retrying, connect, tls_refusal};
 
 const BACKEND: &str = "etcd";
 
@@ -23,7 +23,12 @@ pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseSta
     let opts = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
-    let resp = call(cfg.dial_timeout, client.get(range, Some(opts))).await?;
+    let resp = call_retrying(cfg.dial_timeout, &client, |mut c| {
+        let (range, opts) = (range.clone(), opts.clone());
+        async move { c.get(range, Some(opts)).await }
+    })
+    .await
+    .map_err(|e| tls_refusal(cfg, e))?;
     // Sorted by create revision, so the first key seen of a name is its owner.
     let mut queues: BTreeMap<&str, (&KeyValue, u64)> = BTreeMap::new();
     for kv in resp.kvs() {
@@ -60,7 +65,10 @@ async fn held(
         // A key put without a lease stays until someone deletes it.
         0 => (None, None),
         id => {
-            let ttl = call(cfg.dial_timeout, client.lease_time_to_live(id, None)).await?;
+            let ttl = call_retrying(cfg.dial_timeout, client, |mut c| async move {
+                c.lease_time_to_live(id, None).await
+            })
+            .await?;
             // -1: the lease expired since the read; its key is gone with it.
             (Some(ttl.ttl().max(0)), Some(ttl.granted_ttl()))
         }

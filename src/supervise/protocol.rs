@@ -32,11 +32,6 @@ pub fn decode_env(payload: &[u8]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The tag and number of a frame, for the watchdog to tell an env header from the rest.
-pub fn unframe_raw(f: [u8; FRAME]) -> (u8, u64) {
-    unframe(f)
-}
-
 /// leasewrap -> watchdog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToWatchdog {
@@ -118,7 +113,8 @@ fn frame(tag: u8, v: u64) -> [u8; FRAME] {
     f
 }
 
-fn unframe(f: [u8; FRAME]) -> (u8, u64) {
+/// The tag and number of a frame, for the watchdog to tell an env header from the rest.
+pub fn unframe(f: [u8; FRAME]) -> (u8, u64) {
     let mut v = [0; 8];
     v.copy_from_slice(&f[1..]);
     (f[0], u64::from_le_bytes(v))
@@ -136,7 +132,7 @@ mod tests {
         ];
         let bytes = encode_env(&vars);
         assert_eq!(
-            unframe_raw(bytes[..FRAME].try_into().unwrap()),
+            unframe(bytes[..FRAME].try_into().unwrap()),
             (ENV_TAG, (bytes.len() - FRAME) as u64)
         );
         assert_eq!(decode_env(&bytes[FRAME..]), vars);

@@ -24,7 +24,7 @@ use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFl
 use nix::sys::wait::WaitStatus;
 use nix::unistd::{getpid, getppid, Pid};
 
-use super::protocol::{decode_env, unframe_raw, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
+use super::protocol::{decode_env, unframe, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
 use super::tree;
 use crate::clock::BootInstant;
 
@@ -134,7 +134,7 @@ fn run(args: Args) -> io::Result<()> {
             Received::Closed => return Ok(()),
             Received::Data(fd) => _lock = _lock.or(fd),
         }
-        match unframe_raw(f) {
+        match unframe(f) {
             (ENV_TAG, len) => {
                 let mut payload = vec![0; len as usize];
                 socket.read_exact(&mut payload)?;
