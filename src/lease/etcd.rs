@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, TlsOptions,
+    Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -190,19 +190,15 @@ impl Etcd {
             async move { c.txn(txn).await }
         })
         .await?;
-        let gets = txn_gets(&resp);
-        let first_rev = |i: usize| {
-            gets.get(i)
-                .and_then(|g| g.kvs().first())
-                .map(|kv| kv.create_revision())
-        };
+        let firsts = txn_first_kvs(&resp);
+        let create_rev =
+            |kv: Option<&Option<KeyValue>>| kv?.as_ref().map(|kv| kv.create_revision());
         let revision = if resp.succeeded() {
             resp.header().map(|h| h.revision())
         } else {
-            first_rev(0)
+            create_rev(firsts.first())
         };
-        let (Some(revision), Some(owner_rev)) = (revision, first_rev(gets.len().saturating_sub(1)))
-        else {
+        let (Some(revision), Some(owner_rev)) = (revision, create_rev(firsts.last())) else {
             return Err(Error::Internal(format!(
                 "etcd answered the lock transaction for {key} without the keys"
             )));
@@ -260,13 +256,8 @@ impl EtcdHeld {
 
     /// The next change of the keeper state: a later `D`, or the loss. Cancel-safe.
     pub async fn next_change(&mut self) -> KeeperState {
-        if self.attempt.state.changed().await.is_err() {
-            // Both tasks ended without saying why; they only end after reporting a loss.
-            return KeeperState {
-                lost: Some("the lease keeper stopped".into()),
-                ..self.attempt.state.borrow().clone()
-            };
-        }
+        // Never an error: the attempt itself holds a sender, so the channel cannot close.
+        let _ = self.attempt.state.changed().await;
         self.attempt.state.borrow_and_update().clone()
     }
 
@@ -324,8 +315,8 @@ async fn wait_turn(
             }
         };
         let read_at = resp.header().map_or(0, |h| h.revision());
-        let gets = txn_gets(&resp);
-        let first = |i: usize| gets.get(i).and_then(|g| g.kvs().first());
+        let firsts = txn_first_kvs(&resp);
+        let first = |i: usize| firsts.get(i).and_then(Option::as_ref);
         if !first(1).is_some_and(|kv| kv.create_revision() == attempt.revision) {
             return Ok(None);
         }
@@ -356,12 +347,12 @@ async fn wait_turn(
     }
 }
 
-/// The answers to the gets of a transaction, in order.
-fn txn_gets(resp: &etcd_client::TxnResponse) -> Vec<etcd_client::GetResponse> {
+/// The first key of each get of a transaction, in order.
+fn txn_first_kvs(resp: &etcd_client::TxnResponse) -> Vec<Option<KeyValue>> {
     resp.op_responses()
         .into_iter()
         .filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g),
+            TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
             _ => None,
         })
         .collect()
