@@ -235,6 +235,25 @@ pub enum LogFormat {
     Json,
 }
 
+/// The variables clap reads as fallbacks for arguments (`env = ...`), in every subcommand.
+pub fn env_fallbacks() -> Vec<String> {
+    fn walk(cmd: &clap::Command, found: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            if let Some(name) = arg.get_env() {
+                found.push(name.to_string_lossy().into_owned());
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, found);
+        }
+    }
+    let mut found = Vec::new();
+    walk(&<Cli as clap::CommandFactory>::command(), &mut found);
+    found.sort();
+    found.dedup();
+    found
+}
+
 /// Parse `500ms`, `10s`, `1.5s`, `2m`, `1h`, or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -311,6 +330,18 @@ mod tests {
         assert_eq!(parse_signal("9"), Ok(Signal::SIGKILL));
         assert!(parse_signal("NOPE").is_err());
         assert!(parse_signal("99").is_err());
+    }
+
+    #[test]
+    fn env_fallbacks_are_the_ones_clap_reads() {
+        let names = env_fallbacks();
+        for name in [
+            "LEASEWRAP_TTL",
+            "LEASEWRAP_LOCAL_DIR",
+            "LEASEWRAP_LOG_FORMAT",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
     }
 
     #[test]

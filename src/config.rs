@@ -223,18 +223,43 @@ fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Erro
         .clone()
         .or_else(|| env("LEASEWRAP_PREFIX"))
         .unwrap_or_else(|| "leasewrap/".into());
+    let dial_timeout = dial_timeout(conn, env)?;
+    let (ca, identity) = tls_files(conn, env)?;
+    let tls = ca.is_some() || identity.is_some();
+    let endpoints = urls
+        .split(',')
+        .map(|u| check_endpoint(u.trim(), tls))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EtcdConfig {
+        endpoints,
+        prefix,
+        ca,
+        identity,
+        auth: auth(conn, env)?,
+        dial_timeout,
+    })
+}
+
+fn dial_timeout(conn: &ConnArgs, env: Env) -> Result<Duration, Error> {
     let dial = conn
         .dial_timeout
         .clone()
         .or_else(|| first(env, &["LEASEWRAP_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"]));
-    let dial_timeout = match dial {
+    match dial {
         Some(d) => match parse_duration(&d) {
-            Ok(d) if !d.is_zero() => d,
-            Ok(_) => return Err(Error::Usage("--dial-timeout must be more than zero".into())),
-            Err(e) => return Err(Error::Usage(format!("--dial-timeout: {e}"))),
+            Ok(d) if !d.is_zero() => Ok(d),
+            Ok(_) => Err(Error::Usage("--dial-timeout must be more than zero".into())),
+            Err(e) => Err(Error::Usage(format!("--dial-timeout: {e}"))),
         },
-        None => Duration::from_secs(2),
-    };
+        None => Ok(Duration::from_secs(2)),
+    }
+}
+
+/// PEM of a client certificate and its key.
+type Identity = (Vec<u8>, Vec<u8>);
+
+/// The CA bundle and the client certificate and key, read now.
+fn tls_files(conn: &ConnArgs, env: Env) -> Result<(Option<Vec<u8>>, Option<Identity>), Error> {
     let path = |flag: &Option<PathBuf>, keys: &[&str]| {
         flag.clone().or_else(|| first(env, keys).map(PathBuf::from))
     };
@@ -255,19 +280,7 @@ fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Erro
             ))
         }
     };
-    let tls = ca.is_some() || identity.is_some();
-    let endpoints = urls
-        .split(',')
-        .map(|u| check_endpoint(u.trim(), tls))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(EtcdConfig {
-        endpoints,
-        prefix,
-        ca,
-        identity,
-        auth: auth(conn, env)?,
-        dial_timeout,
-    })
+    Ok((ca, identity))
 }
 
 /// `http://host:port`, `https://host:port`, or `host:port` (https when TLS files are given, else

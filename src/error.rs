@@ -63,7 +63,7 @@ impl Error {
             Error::StaleToken { .. } => 73,
             Error::NotExecutable(_) => 126,
             Error::NotFound(_) => 127,
-            Error::Interrupted(sig) => 128 + *sig as u8,
+            Error::Interrupted(sig) => signal_status(*sig as i32),
             Error::Internal(_) => 125,
         }
     }
@@ -72,6 +72,11 @@ impl Error {
     pub fn internal(doing: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Error::Internal(format!("{doing}: {err}"))
     }
+}
+
+/// The status a shell shows for a process killed by signal `signo`: 128+n.
+pub const fn signal_status(signo: i32) -> u8 {
+    128u8.wrapping_add(signo as u8)
 }
 
 /// The exit status table of SPEC §3, as the man page and README print it.

@@ -7,11 +7,17 @@
 //! - `config`: a checked `Config` from the command line and the environment.
 //! - `error`: the one error enum and the one mapping to exit statuses.
 //! - `clock`: CLOCK_BOOTTIME behind one small type.
+//! - `lease`: taking, keeping and giving back a lease on either backend; knows no processes.
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
+//! - `lease::etcd`: the etcd backend, in the layout of etcd's own mutex recipe.
 //! - `lease::local`: the flock backend.
-//! - `supervise`: the child's process tree, the watchdog that enforces deadlines, and reaping.
+//! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
+//! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
+//! - `supervise::protocol`: the fixed frames between leasewrap and the watchdog.
+//! - `supervise::tree`: finding, signalling and reaping every descendant.
 //! - `run`: the one loop that ties lease, child and signals together.
-//! - `status`: `leasewrap status`, who holds what.
+//! - `status`: `leasewrap status`, who holds what; the holder record.
+//! - `status::etcd`, `status::local`: what each backend stores, as status values.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
 //! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr.
@@ -35,22 +41,12 @@ use clap::Parser;
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
 
 use crate::config::{process_env, Config};
-use crate::error::ExitCodes;
-use crate::run::Exit;
+use crate::error::{signal_status, ExitCodes};
+use crate::supervise::Exit;
 
 /// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
 pub fn entry(args: Vec<OsString>) -> Exit {
-    // An empty variable counts as unset, as config.rs reads the others; clap would refuse it.
-    for key in [
-        "LEASEWRAP_TTL",
-        "LEASEWRAP_LOCAL_DIR",
-        "LEASEWRAP_LOG_FORMAT",
-    ] {
-        if std::env::var_os(key).is_some_and(|v| v.is_empty()) {
-            // Still single-threaded: nothing else reads the environment concurrently.
-            std::env::remove_var(key);
-        }
-    }
+    unset_empty_clap_variables();
     let cli = match cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
@@ -74,6 +70,21 @@ pub fn entry(args: Vec<OsString>) -> Exit {
                 block_on(fence::put(&a, &process_env)).map(|()| 0),
                 ExitCodes::default(),
             )
+        }
+    }
+}
+
+/// An empty variable counts as unset, as config.rs reads the others; clap would refuse it. The
+/// names are those clap itself reads (its `env = ...` fallbacks).
+fn unset_empty_clap_variables() {
+    // Most runs have no empty variable at all: then the clap command need not be built.
+    if !std::env::vars_os().any(|(_, v)| v.is_empty()) {
+        return;
+    }
+    for key in cli::env_fallbacks() {
+        if std::env::var_os(&key).is_some_and(|v| v.is_empty()) {
+            // Still single-threaded: nothing else reads the environment concurrently.
+            std::env::remove_var(key);
         }
     }
 }
@@ -116,8 +127,9 @@ fn usage_error(e: clap::Error) -> Exit {
         let _ = e.print();
         return Exit::Code(0);
     }
-    eprintln!("leasewrap: {}", first_line(&e.to_string()));
-    Exit::Code(64)
+    let e = error::Error::Usage(first_line(&e.to_string()));
+    eprintln!("leasewrap: {e}");
+    Exit::Code(e.code(ExitCodes::default()))
 }
 
 /// clap's message as one line: its first paragraph, which for "the following required arguments
@@ -150,7 +162,7 @@ impl Exit {
             Exit::Code(c) => ExitCode::from(c),
             Exit::Signal(sig) => {
                 reraise(sig);
-                ExitCode::from(128u8.wrapping_add(sig as u8))
+                ExitCode::from(signal_status(sig as i32))
             }
         }
     }
@@ -175,6 +187,41 @@ fn reraise(sig: Signal) {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    /// Every module file under src/, as a path like `lease::timing`.
+    fn modules(dir: &Path, prefix: &str, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let name = format!("{prefix}{stem}");
+            if path.is_dir() {
+                modules(&path, &format!("{name}::"), found);
+            } else if !["lib", "main", "mod"].contains(&stem.as_str()) {
+                found.push(name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_layout_names_every_module() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        modules(&src, "", &mut found);
+        let lib = include_str!("lib.rs");
+        let layout: Vec<&str> = lib
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .filter(|l| l.starts_with("//! - "))
+            .collect();
+        for module in found {
+            assert!(
+                layout.iter().any(|l| l.contains(&format!("`{module}`"))),
+                "lib.rs's `//! # Layout` does not name {module}"
+            );
+        }
+    }
+
     #[test]
     fn a_usage_error_is_one_line_naming_what_is_missing() {
         let text = "error: the following required arguments were not provided:\n  --token <N>\n  <DEST>\n\nUsage: leasewrap fenced-write --token <N> <DEST>\n";

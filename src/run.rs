@@ -9,21 +9,13 @@ use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
 use tracing::{debug, error, info, warn};
 
-use crate::config::{Backend, Config, Wait};
+use crate::config::{Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
 use crate::lease::{Held, LeaseEvent, Lessor};
 use crate::notify::Notifier;
+use crate::status::Holder;
 use crate::supervise::protocol::ToWatchdog;
-use crate::supervise::{self, ChildSpec, Event, Supervisor};
-
-/// How leasewrap ends when it ends the way its child did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// Exit with this status.
-    Code(u8),
-    /// Die of this signal, as the child did.
-    Signal(Signal),
-}
+use crate::supervise::{self, ChildSpec, Event, Exit, Supervisor};
 
 /// The signals leasewrap forwards to the child (or that end a wait).
 struct Signals([SignalStream; 4]);
@@ -69,16 +61,12 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
         argv: &cfg.command,
         env: base_env(),
         stop_signal: cfg.signal,
-        kill_after: cfg
-            .params
-            .effective(cfg.params.ttl)
-            .map(|e| e.kill_after)
-            .unwrap_or_default(),
     })?;
     let mut lessor = Lessor::connect(cfg).await?;
     notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
-    sup.start(&lease_env(cfg, &held), held.deadline, held.keep_fd());
+    let env = lease_env(cfg, &held);
+    sup.start(&env, held.kill_after, held.deadline, held.keep_fd());
     info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
     notifier.send("STOPPING=1");
@@ -96,7 +84,7 @@ async fn acquire(cfg: &Config, lessor: &mut Lessor, signals: &mut Signals) -> Re
             Wait::Forever | Wait::No => pending().await,
         }
     };
-    let record = holder_record(cfg);
+    let record = Holder::this_process(&cfg.command).to_record();
     let result = tokio::select! {
         r = lessor.acquire(&cfg.name, &record, cfg.wait != Wait::No) => r,
         sig = signals.recv() => Err(Error::Interrupted(sig)),
@@ -167,17 +155,14 @@ fn on_child(
             }
             None
         }
-        Event::Exited(status) => Some(match ending.lost.take() {
+        Event::Exited(exit) => Some(match ending.lost.take() {
             Some(why) => Err(Error::Lost {
                 name: cfg.name.clone(),
                 why,
             }),
-            None => Ok(exit_of(status)),
+            None => Ok(exit),
         }),
-        Event::SpawnFailed(errno) => Some(Err(match errno {
-            libc::ENOENT => Error::NotFound(cfg.command[0].clone().into()),
-            _ => Error::NotExecutable(cfg.command[0].clone().into()),
-        })),
+        Event::SpawnFailed(e) => Some(Err(e)),
         Event::WatchdogDied => Some(Err(Error::Internal(
             "the watchdog died: the child's whole process tree was killed".into(),
         ))),
@@ -203,56 +188,91 @@ fn on_lease(cfg: &Config, token: u64, sup: &mut Supervisor, ev: LeaseEvent, endi
     }
 }
 
-/// leasewrap's end for the child's raw wait status.
-fn exit_of(status: i32) -> Exit {
-    if libc::WIFSIGNALED(status) {
-        match Signal::try_from(libc::WTERMSIG(status)) {
-            Ok(sig) => Exit::Signal(sig),
-            Err(_) => Exit::Code(128u8.wrapping_add(libc::WTERMSIG(status) as u8)),
-        }
-    } else {
-        Exit::Code(libc::WEXITSTATUS(status) as u8)
-    }
+/// One variable the child gets from its lease (SPEC §2).
+struct LeaseVar {
+    name: &'static str,
+    /// It describes this very lease, not how to reach the backend: never passed on from our
+    /// own environment, so a nested leasewrap does not leak its parent's value where it sets none.
+    own: bool,
+    /// Its value for this lease; none where it does not apply to the backend.
+    value: fn(&Config, &Held) -> Option<String>,
 }
 
-/// The lease's variables for the child (SPEC §2).
-fn lease_env(cfg: &Config, held: &Held) -> Vec<(String, String)> {
-    let mut set = vec![
-        ("LEASEWRAP_FENCING_TOKEN", held.token.to_string()),
-        ("LEASEWRAP_NAME", cfg.name.clone()),
-        ("LEASEWRAP_KEY", held.key.clone()),
-    ];
-    match &cfg.backend {
-        Backend::Local { dir } => set.push(("LEASEWRAP_LOCAL_DIR", dir.display().to_string())),
-        Backend::Etcd(e) => {
-            set.push(("LEASEWRAP_ENDPOINTS", e.endpoints.join(",")));
-            set.push(("LEASEWRAP_PREFIX", e.prefix.clone()));
-            set.push(("ETCD_LOCK_KEY", held.key.clone()));
-            set.push(("ETCD_LOCK_REV", held.token.to_string()));
-        }
-    }
-    if let Some(id) = held.lease_id {
-        set.push(("LEASEWRAP_LEASE_ID", format!("{id:x}")));
-    }
-    set.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
-}
-
-/// Variables that a leasewrap of ours may set in the child: never passed on from our own
-/// environment (a nested leasewrap must not leak its parent's values where it sets none).
-const LEASE_VARS: &[&str] = &[
-    "LEASEWRAP_FENCING_TOKEN",
-    "LEASEWRAP_KEY",
-    "LEASEWRAP_LEASE_ID",
-    "ETCD_LOCK_KEY",
-    "ETCD_LOCK_REV",
+/// Every variable of the lease, the one list of them.
+const LEASE_VARS: &[LeaseVar] = &[
+    LeaseVar {
+        name: "LEASEWRAP_FENCING_TOKEN",
+        own: true,
+        value: |_, held| Some(held.token.to_string()),
+    },
+    LeaseVar {
+        name: "LEASEWRAP_NAME",
+        own: false,
+        value: |cfg, _| Some(cfg.name.clone()),
+    },
+    LeaseVar {
+        name: "LEASEWRAP_KEY",
+        own: true,
+        value: |_, held| Some(held.key.clone()),
+    },
+    LeaseVar {
+        name: "LEASEWRAP_LOCAL_DIR",
+        own: false,
+        value: |cfg, _| match &cfg.backend {
+            Backend::Local { dir } => Some(dir.display().to_string()),
+            Backend::Etcd(_) => None,
+        },
+    },
+    LeaseVar {
+        name: "LEASEWRAP_ENDPOINTS",
+        own: false,
+        value: |cfg, _| etcd(cfg).map(|e| e.endpoints.join(",")),
+    },
+    LeaseVar {
+        name: "LEASEWRAP_PREFIX",
+        own: false,
+        value: |cfg, _| etcd(cfg).map(|e| e.prefix.clone()),
+    },
+    LeaseVar {
+        name: "ETCD_LOCK_KEY",
+        own: true,
+        value: |cfg, held| etcd(cfg).map(|_| held.key.clone()),
+    },
+    LeaseVar {
+        name: "ETCD_LOCK_REV",
+        own: true,
+        value: |cfg, held| etcd(cfg).map(|_| held.token.to_string()),
+    },
+    LeaseVar {
+        name: "LEASEWRAP_LEASE_ID",
+        own: true,
+        value: |_, held| held.lease_id.map(|id| format!("{id:x}")),
+    },
 ];
+
+fn etcd(cfg: &Config) -> Option<&EtcdConfig> {
+    match &cfg.backend {
+        Backend::Etcd(e) => Some(e),
+        Backend::Local { .. } => None,
+    }
+}
+
+/// The lease's variables for the child.
+fn lease_env(cfg: &Config, held: &Held) -> Vec<(String, String)> {
+    LEASE_VARS
+        .iter()
+        .filter_map(|v| Some((v.name.to_owned(), (v.value)(cfg, held)?)))
+        .collect()
+}
 
 /// The child's environment before the lease is known: ours, less passwords (also those written
 /// as USER:PASSWORD), NOTIFY_SOCKET and the lease's own variables.
 fn base_env() -> Vec<(OsString, OsString)> {
     let removed = |k: &OsString| {
         let k = k.to_string_lossy();
-        k.ends_with("_PASSWORD") || k == "NOTIFY_SOCKET" || LEASE_VARS.contains(&k.as_ref())
+        k.ends_with("_PASSWORD")
+            || k == "NOTIFY_SOCKET"
+            || LEASE_VARS.iter().any(|v| v.own && v.name == k)
     };
     std::env::vars_os()
         .filter(|(k, _)| !removed(k))
@@ -265,27 +285,4 @@ fn base_env() -> Vec<(OsString, OsString)> {
             }
         })
         .collect()
-}
-
-/// Who holds the lease, as JSON: host, pid, command, start time.
-fn holder_record(cfg: &Config) -> Vec<u8> {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let start = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    let command: Vec<String> = cfg
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    serde_json::to_vec(&serde_json::json!({
-        "host": host,
-        "pid": std::process::id(),
-        "command": command,
-        "start": start,
-    }))
-    .unwrap_or_default()
 }

@@ -254,6 +254,12 @@ impl EtcdHeld {
         self.attempt.state.borrow().deadline
     }
 
+    /// Time between the stop signal and SIGKILL for the TTL etcd granted.
+    pub fn kill_after(&self) -> Duration {
+        let s = self.attempt.state.borrow();
+        s.stop_at.until(s.deadline)
+    }
+
     /// The next change of the keeper state: a later `D`, or the loss. Cancel-safe.
     pub async fn next_change(&mut self) -> KeeperState {
         // Never an error: the attempt itself holds a sender, so the channel cannot close.

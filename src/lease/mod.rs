@@ -30,7 +30,8 @@ pub enum LeaseEvent {
 pub enum Lessor {
     Local {
         dir: std::path::PathBuf,
-        ttl: Duration,
+        /// The timing of the TTL asked for, which on this backend is the one in force.
+        timing: timing::Effective,
     },
     Etcd(Box<etcd::Etcd>),
 }
@@ -45,6 +46,8 @@ pub struct Held {
     pub lease_id: Option<i64>,
     /// `D` at the moment of acquiring; none when the lease cannot lapse while we live.
     pub deadline: Option<BootInstant>,
+    /// Time between the stop signal and SIGKILL, for the TTL granted (etcd may grant more).
+    pub kill_after: Duration,
     /// Backend-specific state.
     inner: HeldInner,
 }
@@ -64,9 +67,13 @@ impl Lessor {
         match &cfg.backend {
             Backend::Local { dir } => {
                 tracing::info!(dir = %dir.display(), "using the local backend (no etcd endpoints configured)");
+                let timing = cfg
+                    .params
+                    .effective(cfg.params.ttl)
+                    .map_err(|e| Error::Usage(e.to_string()))?;
                 Ok(Lessor::Local {
                     dir: dir.clone(),
-                    ttl: cfg.params.ttl,
+                    timing,
                 })
             }
             Backend::Etcd(e) => Ok(Lessor::Etcd(Box::new(
@@ -86,13 +93,14 @@ impl Lessor {
                     key: held.key().to_owned(),
                     lease_id: Some(held.lease_id()),
                     deadline: Some(held.deadline()),
+                    kill_after: held.kill_after(),
                     inner: HeldInner::Etcd(Box::new(held)),
                 })
             }
-            Lessor::Local { dir, ttl } => {
+            Lessor::Local { dir, timing } => {
                 let mut lock = local::acquire(dir, name, block).await?;
                 lock.record_holder(record);
-                let mut check = interval(local::LocalLock::check_every(*ttl));
+                let mut check = interval(local::LocalLock::check_every(timing.ttl));
                 check.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 check.reset();
                 Ok(Held {
@@ -100,6 +108,7 @@ impl Lessor {
                     key: lock.path().display().to_string(),
                     lease_id: None,
                     deadline: None,
+                    kill_after: timing.kill_after,
                     inner: HeldInner::Local { lock, check },
                 })
             }

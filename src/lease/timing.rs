@@ -61,6 +61,12 @@ fn secs(d: Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
 }
 
+/// When the stop signal goes to the child: `kill_after` before `D`, so SIGKILL at `D` comes
+/// after the child had its chance to stop in order.
+pub fn stop_time(deadline: BootInstant, kill_after: Duration) -> BootInstant {
+    deadline - kill_after
+}
+
 impl Params {
     /// The values in force once the server granted `ttl`, checked against the validation rule.
     pub fn effective(&self, ttl: Duration) -> Result<Effective, DoesNotFit> {
@@ -171,7 +177,7 @@ impl Schedule {
 
     /// When the stop signal goes to the child: `D - kill_after`.
     pub fn stop_at(&self) -> BootInstant {
-        self.deadline - self.timing.kill_after
+        stop_time(self.deadline, self.timing.kill_after)
     }
 
     /// The values in force.

@@ -7,6 +7,7 @@
 mod etcd;
 mod local;
 
+use std::ffi::OsString;
 use std::io::Write;
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,7 @@ pub struct LeaseStatus {
     pub key: Option<String>,
 }
 
-/// The record a holder leaves in its lock key or lock file (written by `run`).
+/// The record a holder leaves in its lock key or lock file: written by `run`, read by `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
     /// Host name of the holding leasewrap.
@@ -69,6 +70,31 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// This process, about to hold a lease to run `command`.
+    pub fn this_process(command: &[OsString]) -> Holder {
+        let host = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        Holder {
+            host,
+            pid: std::process::id(),
+            command: command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            start,
+        }
+    }
+
+    /// The record as stored: one JSON object. (Strings and numbers always serialize.)
+    pub fn to_record(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
     /// The record in `bytes`, if it is one; an `etcdctl lock` key holds an empty value.
     pub fn parse(bytes: &[u8]) -> Option<Holder> {
         serde_json::from_slice(bytes).ok()
@@ -258,6 +284,8 @@ mod tests {
     fn holder_records_parse_and_other_values_do_not() {
         let rec = br#"{"host":"h","pid":7,"command":["a","b"],"start":1700000000}"#;
         assert_eq!(Holder::parse(rec).map(|h| h.pid), Some(7));
+        let me = Holder::this_process(&["./job".into(), "x y".into()]);
+        assert_eq!(Holder::parse(&me.to_record()), Some(me));
         assert_eq!(Holder::parse(b""), None);
         assert_eq!(Holder::parse(b"not json"), None);
     }

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::unistd::{getpid, Pid};
 use tokio::net::UnixStream;
@@ -65,21 +66,53 @@ pub struct ChildSpec<'a> {
     pub argv: &'a [OsString],
     /// The child's environment, less the lease's variables (given by [`Supervisor::start`]).
     pub env: Vec<(OsString, OsString)>,
+    /// The signal that starts an orderly stop (`--signal`).
     pub stop_signal: Signal,
-    pub kill_after: Duration,
+}
+
+/// How the child ended, which is how leasewrap ends when the lease held to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Exit with this status.
+    Code(u8),
+    /// Die of this signal, as the child did.
+    Signal(Signal),
+}
+
+impl Exit {
+    /// The end a raw wait status (as waitpid(2) fills it in) describes.
+    pub fn from_wait_status(status: i32) -> Exit {
+        if !libc::WIFSIGNALED(status) {
+            return Exit::Code(libc::WEXITSTATUS(status) as u8);
+        }
+        let signo = libc::WTERMSIG(status);
+        match Signal::try_from(signo) {
+            Ok(sig) => Exit::Signal(sig),
+            // A real-time signal has no `Signal`: its status is what a shell would show.
+            Err(_) => Exit::Code(crate::error::signal_status(signo)),
+        }
+    }
+}
+
+/// The error for a child that could not be executed with `errno`.
+fn spawn_error(command: &OsStr, errno: i32) -> Error {
+    match errno {
+        libc::ENOENT => Error::NotFound(command.into()),
+        _ => Error::NotExecutable(command.into()),
+    }
 }
 
 /// How the child's tree is doing, as the watchdog reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Event {
     /// The child runs with this pid (and process group).
     Started(Pid),
     /// The watchdog began stopping the child because `D - kill_after` came.
     DeadlinePassed,
-    /// The child ended with this raw wait status and the whole tree is gone.
-    Exited(i32),
-    /// The child could not be executed (errno).
-    SpawnFailed(i32),
+    /// The child ended so, and the whole tree is gone.
+    Exited(Exit),
+    /// The child could not be executed: 127 or 126.
+    SpawnFailed(Error),
     /// The watchdog died; leasewrap killed what was left of the tree.
     WatchdogDied,
 }
@@ -93,6 +126,8 @@ pub struct Supervisor {
     watchdog: Child,
     /// The child's pid, which is its process group, once started.
     child: Option<Pid>,
+    /// COMMAND as the user wrote it, to name it when it cannot be executed.
+    command: OsString,
 }
 
 impl Supervisor {
@@ -118,7 +153,6 @@ impl Supervisor {
         cmd.arg0("leasewrap")
             .arg(watchdog::MODE)
             .arg(theirs.as_raw_fd().to_string())
-            .arg(spec.kill_after.as_nanos().to_string())
             .arg((spec.stop_signal as i32).to_string())
             .arg("--")
             .arg(spec.program)
@@ -138,18 +172,23 @@ impl Supervisor {
             partial: Vec::with_capacity(FRAME),
             watchdog,
             child: None,
+            command: spec.argv[0].clone(),
         })
     }
 
-    /// Start the child, with the lease's variables added to its environment, under `deadline`.
+    /// Start the child, with the lease's variables added to its environment, under `deadline`;
+    /// `kill_after` is the one for the TTL granted.
     pub fn start(
         &mut self,
         lease_env: &[(String, String)],
+        kill_after: Duration,
         deadline: Option<BootInstant>,
         keep: Option<BorrowedFd<'_>>,
     ) {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-        let env = protocol::encode_env(lease_env);
+        let mut msg = protocol::encode_env(lease_env);
+        msg.extend_from_slice(&ToWatchdog::KillAfter(kill_after).encode());
+        msg.extend_from_slice(&ToWatchdog::Deadline(deadline).encode());
         // `keep` (the local backend's locked lock file) rides along with the first byte: the
         // watchdog holds it until the whole tree is gone, so the kernel cannot hand the lock to
         // the next holder while a child of ours still runs, even if leasewrap is SIGKILLed.
@@ -158,8 +197,8 @@ impl Supervisor {
         let mut sent = 0;
         // A few hundred bytes into an empty socket buffer: one call in practice. EAGAIN would
         // mean a watchdog that reads nothing, which next() then reports as dead.
-        while sent < env.len() {
-            let iov = [std::io::IoSlice::new(&env[sent..])];
+        while sent < msg.len() {
+            let iov = [std::io::IoSlice::new(&msg[sent..])];
             let cmsgs = if sent == 0 { &cmsgs[..] } else { &[] };
             match sendmsg::<()>(
                 self.socket.as_raw_fd(),
@@ -173,7 +212,6 @@ impl Supervisor {
                 Err(_) => break,
             }
         }
-        self.send(ToWatchdog::Deadline(deadline));
     }
 
     /// Tell the watchdog something. A full or closed socket means the watchdog is dead, which
@@ -218,8 +256,10 @@ impl Supervisor {
             FromWatchdog::DeadlinePassed => Event::DeadlinePassed,
             // The watchdog exits right after either; it is reaped on drop, after the lease has
             // been given back, so that the next holder does not wait for it.
-            FromWatchdog::SpawnFailed(errno) => Event::SpawnFailed(errno),
-            FromWatchdog::Exited(status) => Event::Exited(status),
+            FromWatchdog::SpawnFailed(errno) => {
+                Event::SpawnFailed(spawn_error(&self.command, errno))
+            }
+            FromWatchdog::Exited(status) => Event::Exited(Exit::from_wait_status(status)),
         }
     }
 
@@ -228,12 +268,17 @@ impl Supervisor {
     fn watchdog_died(&mut self) -> Event {
         let _ = self.watchdog.kill();
         // Each blocking wait returns when one process ends; sweep again after it, since a process
-        // killed while forking may leave a new orphan that comes to us. ECHILD: all gone.
+        // killed while forking may leave a new orphan that comes to us.
         loop {
             tree::signal_tree(getpid(), self.child, Signal::SIGKILL);
             match nix::sys::wait::waitpid(None, None) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => return Event::WatchdogDied,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                // No child left: the whole tree is gone.
+                Err(Errno::ECHILD) => return Event::WatchdogDied,
+                Err(e) => {
+                    tracing::error!(error = %e, "reaping what the watchdog left");
+                    return Event::WatchdogDied;
+                }
             }
         }
     }

@@ -35,6 +35,8 @@ pub fn decode_env(payload: &[u8]) -> Vec<(String, String)> {
 /// leasewrap -> watchdog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToWatchdog {
+    /// Time between the stop signal and SIGKILL for the TTL granted; sent with the first `D`.
+    KillAfter(Duration),
     /// The new `D`, or none (local backend: the lock cannot lapse while leasewrap lives).
     Deadline(Option<BootInstant>),
     /// The lease is lost: stop the child now.
@@ -65,6 +67,7 @@ impl ToWatchdog {
                 b'D',
                 d.map_or(NO_DEADLINE, |d| d.since_boot().as_nanos() as u64),
             ),
+            ToWatchdog::KillAfter(d) => frame(b'K', d.as_nanos() as u64),
             ToWatchdog::Stop => frame(b'S', 0),
             ToWatchdog::Forward(sig) => frame(b'F', sig as u64),
         }
@@ -77,6 +80,7 @@ impl ToWatchdog {
             b'D' => {
                 ToWatchdog::Deadline(Some(BootInstant::from_since_boot(Duration::from_nanos(v))))
             }
+            b'K' => ToWatchdog::KillAfter(Duration::from_nanos(v)),
             b'S' => ToWatchdog::Stop,
             b'F' => ToWatchdog::Forward(v as i32),
             _ => return None,
@@ -144,6 +148,7 @@ mod tests {
         for m in [
             ToWatchdog::Deadline(Some(d)),
             ToWatchdog::Deadline(None),
+            ToWatchdog::KillAfter(Duration::from_millis(400)),
             ToWatchdog::Stop,
             ToWatchdog::Forward(15),
         ] {

@@ -61,21 +61,22 @@ pub struct Reaped {
 }
 
 /// Reap every child that has ended, without blocking.
-pub fn reap() -> Reaped {
+pub fn reap() -> nix::Result<Reaped> {
     let mut reaped = Reaped::default();
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => return reaped,
+            Ok(WaitStatus::StillAlive) => return Ok(reaped),
             Ok(status) => match status.pid() {
                 Some(pid) => reaped.ended.push((pid, status)),
-                None => return reaped,
+                None => return Ok(reaped),
             },
             Err(Errno::EINTR) => continue,
-            // ECHILD: nothing left to wait for.
-            Err(_) => {
+            // Nothing left to wait for: the whole tree is gone.
+            Err(Errno::ECHILD) => {
                 reaped.none_left = true;
-                return reaped;
+                return Ok(reaped);
             }
+            Err(e) => return Err(e),
         }
     }
 }

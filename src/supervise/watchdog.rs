@@ -27,6 +27,8 @@ use nix::unistd::{getpid, getppid, Pid};
 use super::protocol::{decode_env, unframe, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
 use super::tree;
 use crate::clock::BootInstant;
+use crate::error::{Error, ExitCodes};
+use crate::lease::timing::stop_time;
 
 /// The argv word that selects this mode.
 pub const MODE: &str = "__watchdog";
@@ -36,29 +38,82 @@ const SWEEP_AGAIN: Duration = Duration::from_millis(20);
 
 /// What the watchdog is told on its command line.
 struct Args {
+    /// Its end of the socket to leasewrap.
     socket: OwnedFd,
-    kill_after: Duration,
+    /// The signal that starts an orderly stop (`--signal`).
     stop_signal: Signal,
+    /// The program found by leasewrap, then argv as the user gave it.
     argv: Vec<OsString>,
 }
 
-/// The watchdog's whole state.
+/// What leasewrap sends once the lease is ours (see `Supervisor::start`): the child may start.
+struct Start {
+    /// The lease's variables for the child's environment.
+    env: Vec<(String, String)>,
+    /// Time between the stop signal and SIGKILL, for the TTL granted.
+    kill_after: Duration,
+    /// The first `D`; none on the local backend.
+    deadline: Option<BootInstant>,
+    /// The local backend's lock file, held until this process exits.
+    lock: Option<OwnedFd>,
+}
+
+/// Where the child's tree is in its life. Before the start message there is no child and no
+/// [`Watchdog`]: that wait is [`wait_for_start`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifecycle {
+    /// The child's tree runs under `D`.
+    Running,
+    /// The stop signal went out; SIGKILL goes to everything at this instant (never after `D`).
+    StoppingUntil(BootInstant),
+    /// SIGKILL went to everything: only sweeping and reaping are left.
+    Killing,
+    /// The whole tree is reaped and leasewrap was told how the child ended.
+    Exited,
+}
+
+impl Lifecycle {
+    const fn is_running(self) -> bool {
+        matches!(self, Lifecycle::Running)
+    }
+
+    const fn is_killing(self) -> bool {
+        matches!(self, Lifecycle::Killing)
+    }
+
+    const fn is_exited(self) -> bool {
+        matches!(self, Lifecycle::Exited)
+    }
+
+    /// The SIGKILL time of a stop under way.
+    const fn kill_at(self) -> Option<BootInstant> {
+        match self {
+            Lifecycle::StoppingUntil(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// The watchdog's whole state once the child runs.
 struct Watchdog {
     /// Connection to leasewrap; `None` once it closed.
     socket: Option<UnixStream>,
     /// The child: its pid, which is also its process group.
     child: Pid,
-    /// The child's wait status once it ended.
+    /// The child's wait status once it ended (its descendants may live on).
     status: Option<WaitStatus>,
+    /// Where the tree is in its life.
+    lifecycle: Lifecycle,
     /// `D`, the SIGKILL instant; none on the local backend.
     deadline: Option<BootInstant>,
+    /// Time between the stop signal and SIGKILL.
     kill_after: Duration,
+    /// The signal that starts an orderly stop.
     stop_signal: Signal,
-    /// SIGKILL time of a stop under way.
-    kill_at: Option<BootInstant>,
-    /// SIGKILL has gone to everything; from now on only sweeping and reaping.
-    killed: bool,
+    /// Wakes the loop at the next instant that matters.
     timer: TimerFd,
+    /// The local backend's lock file: the lock must outlive every process of the tree.
+    _lock: Option<OwnedFd>,
 }
 
 /// Entry point of the hidden mode; never returns.
@@ -66,24 +121,24 @@ pub fn main(args: Vec<OsString>) -> ! {
     let code = match parse(args).and_then(run) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("leasewrap watchdog: {e}");
-            125
+            let e = Error::internal("leasewrap watchdog", e);
+            eprintln!("{e}");
+            e.code(ExitCodes::default())
         }
     };
-    std::process::exit(code)
+    std::process::exit(code.into())
 }
 
 fn parse(args: Vec<OsString>) -> io::Result<Args> {
     let bad = || io::Error::other("bad arguments (this mode is started by leasewrap itself)");
     let mut it = args.into_iter();
-    let num = |it: &mut std::vec::IntoIter<OsString>| -> io::Result<i64> {
+    let num = |it: &mut std::vec::IntoIter<OsString>| -> io::Result<i32> {
         it.next()
             .and_then(|s| s.to_str()?.parse().ok())
             .ok_or_else(bad)
     };
-    let fd = num(&mut it)? as i32;
-    let kill_after = Duration::from_nanos(num(&mut it)? as u64);
-    let stop_signal = Signal::try_from(num(&mut it)? as i32).map_err(|_| bad())?;
+    let fd = num(&mut it)?;
+    let stop_signal = Signal::try_from(num(&mut it)?).map_err(|_| bad())?;
     if it.next().as_deref() != Some(std::ffi::OsStr::new("--")) {
         return Err(bad());
     }
@@ -93,19 +148,59 @@ fn parse(args: Vec<OsString>) -> io::Result<Args> {
     fcntl(socket.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
     Ok(Args {
         socket,
-        kill_after,
         stop_signal,
         argv: it.collect(),
     })
 }
 
+/// Mask, handshake, the check that the stop time has not passed, spawn, then the event loop.
 fn run(args: Args) -> io::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)?;
-    // INT, QUIT, HUP and TERM reach leasewrap, which forwards them: the watchdog must outlive
-    // them. SIGCHLD is read from a signalfd. The child unblocks them all before exec.
+    let sigfd = block_signals()?;
+    let mut socket = UnixStream::from(args.socket);
+    // leasewrap closing the socket first means it never got the lease: nothing to start.
+    let Some(start) = wait_for_start(&mut socket)? else {
+        return Ok(());
+    };
+    // The stop time may already have passed while leasewrap was sending (it checked just before):
+    // then the child must not start at all.
+    if start
+        .deadline
+        .is_some_and(|d| BootInstant::now() >= stop_time(d, start.kill_after))
+    {
+        let _ = socket.write_all(&FromWatchdog::DeadlinePassed.encode());
+        let _ = socket.write_all(&FromWatchdog::Exited(libc::SIGKILL).encode());
+        return Ok(());
+    }
+    let child = match spawn(&args.argv, start.env) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            let _ = socket.write_all(&FromWatchdog::SpawnFailed(errno).encode());
+            return Ok(());
+        }
+    };
+    let _ = socket.write_all(&FromWatchdog::Started(child.as_raw()).encode());
+    let mut w = Watchdog {
+        socket: Some(socket),
+        child,
+        status: None,
+        lifecycle: Lifecycle::Running,
+        deadline: start.deadline,
+        kill_after: start.kill_after,
+        stop_signal: args.stop_signal,
+        timer: TimerFd::new(ClockId::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
+        _lock: start.lock,
+    };
+    w.event_loop(&sigfd)
+}
+
+/// Block the signals the watchdog must outlive, and read SIGCHLD from a signalfd. INT, QUIT,
+/// HUP and TERM reach leasewrap, which forwards them; TSTP, TTIN and TTOU too, so that a
+/// terminal's Ctrl-Z does not stop the watchdog while the child, in its own process group, runs
+/// on past D. The child unblocks them all before exec.
+fn block_signals() -> io::Result<SignalFd> {
     let mut mask = SigSet::empty();
-    // TSTP, TTIN and TTOU too: a terminal's Ctrl-Z must not stop the watchdog while the child,
-    // in its own process group, runs on past D.
     for s in [
         Signal::SIGCHLD,
         Signal::SIGINT,
@@ -121,59 +216,43 @@ fn run(args: Args) -> io::Result<()> {
     mask.thread_set_mask()?;
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
-    let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
-    let mut socket = UnixStream::from(args.socket);
-    // Started before the lease is ours: wait for the lease's variables and the first deadline.
-    // leasewrap closing the socket first means it never got the lease: nothing to start.
-    let mut extra_env = Vec::new();
-    // The local backend's lock file, held until this process exits (see Supervisor::start).
-    let mut _lock: Option<OwnedFd> = None;
-    let deadline = loop {
+    Ok(SignalFd::with_flags(
+        &chld,
+        SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK,
+    )?)
+}
+
+/// Started before the lease is ours: read the lease's variables, the kill-after and the first
+/// deadline. `None` when leasewrap closes the socket first (it never got the lease).
+fn wait_for_start(socket: &mut UnixStream) -> io::Result<Option<Start>> {
+    let mut start = Start {
+        env: Vec::new(),
+        kill_after: Duration::ZERO,
+        deadline: None,
+        lock: None,
+    };
+    loop {
         let mut f = [0; FRAME];
-        match recv_exact_with_fd(&socket, &mut f)? {
-            Received::Closed => return Ok(()),
-            Received::Data(fd) => _lock = _lock.or(fd),
+        match recv_exact_with_fd(socket, &mut f)? {
+            Received::Closed => return Ok(None),
+            Received::Data(fd) => start.lock = start.lock.or(fd),
         }
         match unframe(f) {
             (ENV_TAG, len) => {
                 let mut payload = vec![0; len as usize];
                 socket.read_exact(&mut payload)?;
-                extra_env = decode_env(&payload);
+                start.env = decode_env(&payload);
             }
             _ => match ToWatchdog::decode(f) {
-                Some(ToWatchdog::Deadline(d)) => break d,
-                _ => return Ok(()),
+                Some(ToWatchdog::KillAfter(d)) => start.kill_after = d,
+                Some(ToWatchdog::Deadline(d)) => {
+                    start.deadline = d;
+                    return Ok(Some(start));
+                }
+                _ => return Ok(None),
             },
         }
-    };
-    // The stop time may already have passed while leasewrap was sending (it checked just before):
-    // then the child must not start at all.
-    if deadline.is_some_and(|d| BootInstant::now() >= d - args.kill_after) {
-        let _ = socket.write_all(&FromWatchdog::DeadlinePassed.encode());
-        let _ = socket.write_all(&FromWatchdog::Exited(libc::SIGKILL).encode());
-        return Ok(());
     }
-    let child = match spawn(&args.argv, extra_env) {
-        Ok(pid) => pid,
-        Err(e) => {
-            let errno = e.raw_os_error().unwrap_or(libc::EIO);
-            let _ = socket.write_all(&FromWatchdog::SpawnFailed(errno).encode());
-            return Ok(());
-        }
-    };
-    let _ = socket.write_all(&FromWatchdog::Started(child.as_raw()).encode());
-    let mut w = Watchdog {
-        socket: Some(socket),
-        child,
-        status: None,
-        deadline,
-        kill_after: args.kill_after,
-        stop_signal: args.stop_signal,
-        kill_at: None,
-        killed: false,
-        timer: TimerFd::new(ClockId::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
-    };
-    w.event_loop(&sigfd)
 }
 
 /// Start the child in its own process group, dying with this thread.
@@ -256,7 +335,7 @@ fn read_frame(socket: &mut UnixStream) -> io::Result<Option<[u8; FRAME]>> {
 
 impl Watchdog {
     fn event_loop(&mut self, sigfd: &SignalFd) -> io::Result<()> {
-        loop {
+        while !self.lifecycle.is_exited() {
             self.on_time(BootInstant::now());
             self.arm_timer()?;
             let (sock_ready, chld_ready) = self.wait(sigfd)?;
@@ -266,10 +345,9 @@ impl Watchdog {
             if chld_ready {
                 while let Ok(Some(_)) = sigfd.read_signal() {}
             }
-            if self.on_reaped() {
-                return Ok(());
-            }
+            self.on_reaped()?;
         }
+        Ok(())
     }
 
     /// Block until the socket, SIGCHLD or the timer has something.
@@ -295,40 +373,40 @@ impl Watchdog {
         Ok((fds.get(2).is_some_and(ready), ready(&fds[0])))
     }
 
+    /// The stop time of the current `D`; none on the local backend.
+    fn stop_at(&self) -> Option<BootInstant> {
+        self.deadline.map(|d| stop_time(d, self.kill_after))
+    }
+
     /// Enforce the deadline and any stop under way.
     fn on_time(&mut self, now: BootInstant) {
-        if self.killed {
-            tree::signal_tree(getpid(), Some(self.child), Signal::SIGKILL);
-            return;
-        }
-        let stop_at = self.deadline.map(|d| d - self.kill_after);
-        // Also when we slept through both the stop time and D: leasewrap must hear why.
-        if self.kill_at.is_none() && stop_at.is_some_and(|s| now >= s) {
+        // Also when we slept through both the stop time and D: leasewrap must hear why. The
+        // stop then ends at D, which has passed, so SIGKILL follows at once.
+        if self.lifecycle.is_running() && self.stop_at().is_some_and(|s| now >= s) {
             self.notify(FromWatchdog::DeadlinePassed);
             self.begin_stop(self.stop_signal, now);
         }
-        if self.deadline.is_some_and(|d| now >= d) || self.kill_at.is_some_and(|k| now >= k) {
-            self.kill_everything();
+        match self.lifecycle {
+            Lifecycle::StoppingUntil(kill_at) if now >= kill_at => self.kill_everything(),
+            Lifecycle::Killing => self.signal_all(Signal::SIGKILL),
+            _ => {}
+        }
+    }
+
+    /// The next instant that matters: the stop time, the SIGKILL time, or the next sweep.
+    fn next_wake(&self) -> Option<BootInstant> {
+        match self.lifecycle {
+            Lifecycle::Running => self.stop_at(),
+            Lifecycle::StoppingUntil(kill_at) => Some(kill_at),
+            Lifecycle::Killing => Some(BootInstant::now() + SWEEP_AGAIN),
+            Lifecycle::Exited => None,
         }
     }
 
     fn arm_timer(&self) -> io::Result<()> {
-        let next = if self.killed {
-            Some(BootInstant::now() + SWEEP_AGAIN)
-        } else {
-            let stop_at = self.deadline.map(|d| d - self.kill_after);
-            [
-                self.kill_at,
-                self.deadline,
-                stop_at.filter(|_| self.kill_at.is_none()),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-        };
         // Relative, so that the timer and our readings of CLOCK_BOOTTIME always agree (even
         // under libfaketime); at least 1 ns, since zero would disarm it.
-        match next {
+        match self.next_wake() {
             Some(t) => self.timer.set(
                 Expiration::OneShot(TimeSpec::from_duration(
                     BootInstant::now().until(t).max(Duration::from_nanos(1)),
@@ -347,14 +425,14 @@ impl Watchdog {
         };
         match read_frame(socket) {
             Ok(Some(f)) => match ToWatchdog::decode(f) {
-                Some(ToWatchdog::Deadline(d)) if self.kill_at.is_none() => self.deadline = d,
-                Some(ToWatchdog::Deadline(_)) => {} // a stop under way is never called off
+                // A stop under way is never called off.
+                Some(ToWatchdog::Deadline(d)) if self.lifecycle.is_running() => self.deadline = d,
                 Some(ToWatchdog::Stop) => self.begin_stop(self.stop_signal, BootInstant::now()),
                 Some(ToWatchdog::Forward(sig)) => {
                     let sig = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
                     self.begin_stop(sig, BootInstant::now());
                 }
-                None => {}
+                _ => {}
             },
             // leasewrap is gone: nobody renews the lease any more, kill everything now.
             Ok(None) | Err(_) => {
@@ -366,23 +444,29 @@ impl Watchdog {
 
     /// Stop signal to the group and every descendant; SIGKILL after kill-after, or at D if sooner.
     fn begin_stop(&mut self, sig: Signal, now: BootInstant) {
-        if self.killed {
+        if self.lifecycle.is_killing() || self.lifecycle.is_exited() {
             return;
         }
-        tree::signal_tree(getpid(), Some(self.child), sig);
+        self.signal_all(sig);
         let kill_at = now + self.kill_after;
         let kill_at = self.deadline.map_or(kill_at, |d| d.min(kill_at));
-        self.kill_at = Some(self.kill_at.map_or(kill_at, |k| k.min(kill_at)));
+        let kill_at = self.lifecycle.kill_at().map_or(kill_at, |k| k.min(kill_at));
+        self.lifecycle = Lifecycle::StoppingUntil(kill_at);
     }
 
     fn kill_everything(&mut self) {
-        self.killed = true;
-        tree::signal_tree(getpid(), Some(self.child), Signal::SIGKILL);
+        self.lifecycle = Lifecycle::Killing;
+        self.signal_all(Signal::SIGKILL);
     }
 
-    /// Reap what ended; true when the whole tree is gone and leasewrap was told.
-    fn on_reaped(&mut self) -> bool {
-        let reaped = tree::reap();
+    /// `sig` to the child's group and to every descendant, in it or not.
+    fn signal_all(&self, sig: Signal) {
+        tree::signal_tree(getpid(), Some(self.child), sig);
+    }
+
+    /// Reap what ended; once the whole tree is gone, tell leasewrap and end.
+    fn on_reaped(&mut self) -> io::Result<()> {
+        let reaped = tree::reap()?;
         for (pid, status) in reaped.ended {
             if pid == self.child {
                 self.status = Some(status);
@@ -391,13 +475,12 @@ impl Watchdog {
         if reaped.none_left {
             let status = self.status.map_or(libc::SIGKILL, raw_status);
             self.notify(FromWatchdog::Exited(status));
-            return true;
-        }
-        // The child is gone but left descendants behind: they go too.
-        if self.status.is_some() && self.kill_at.is_none() && !self.killed {
+            self.lifecycle = Lifecycle::Exited;
+        } else if self.status.is_some() && self.lifecycle.is_running() {
+            // The child is gone but left descendants behind: they go too.
             self.begin_stop(self.stop_signal, BootInstant::now());
         }
-        false
+        Ok(())
     }
 
     fn notify(&mut self, msg: FromWatchdog) {
