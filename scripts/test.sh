@@ -12,7 +12,7 @@ fi
 
 # Debian packages: etcd 3.4 (server and etcdctl),
 # faketime for the clock tests, openssl for the TLS test certificates, systemd for
-# `systemd-analyze verify` of the unit files (tests/docs.rs).
+# `systemd-analyze verify` of the unit files (tests/it/docs.rs).
 install_debian_packages() {
     local missing=()
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)

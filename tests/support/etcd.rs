@@ -25,7 +25,7 @@ use tempfile::TempDir;
 /// How long a server may take to answer its first health check (a start takes ~0.25 s when idle).
 const START_BOUND: Duration = Duration::from_secs(20);
 /// How often a starting server, or a cluster without a known leader, is asked again.
-const POLL: Duration = Duration::from_millis(20);
+const HEALTH_POLL: Duration = Duration::from_millis(20);
 /// Tries with fresh ports when a port found free was taken before etcd could bind it.
 const START_TRIES: u32 = 3;
 
@@ -49,6 +49,26 @@ impl Version {
     /// Full path of the real `etcdctl` binary; panics with an install hint when missing.
     pub fn etcdctl(self) -> PathBuf {
         self.binary("etcdctl")
+    }
+
+    /// This version's etcdctl for `endpoints` exactly as given (dead members, a proxy), API 3,
+    /// no inherited ETCDCTL_* variables, no TLS files.
+    pub fn etcdctl_for(self, endpoints: &str) -> Command {
+        let mut cmd = Command::new(self.etcdctl());
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("ETCDCTL_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.env("ETCDCTL_API", "3");
+        cmd.arg(format!("--endpoints={endpoints}"));
+        cmd
+    }
+
+    /// Runs `etcdctl_for(endpoints) ARGS...`.
+    pub fn etcdctl_at(self, endpoints: &str, args: &[&str]) -> Output {
+        let out = self.etcdctl_for(endpoints).args(args).output();
+        out.unwrap_or_else(|e| panic!("run etcdctl {}: {e}", self.number()))
     }
 
     /// "3.4" or "3.5", as the server reports its version.
@@ -303,14 +323,6 @@ impl Cluster {
         self.members[i].client_url(&self.setup)
     }
 
-    pub fn addr(&self, i: usize) -> SocketAddr {
-        self.members[i].addr()
-    }
-
-    pub fn pid(&self, i: usize) -> Option<u32> {
-        self.members[i].child.as_ref().map(Child::id)
-    }
-
     /// The index of the leader, once a running member names a running one (bounded wait: after a
     /// leader is killed, followers keep naming it until they elect another).
     pub fn leader_index(&self) -> usize {
@@ -324,7 +336,7 @@ impl Cluster {
                 "no running member of the etcd {} cluster named a running leader in {START_BOUND:?}",
                 self.setup.version.number()
             );
-            thread::sleep(POLL);
+            thread::sleep(HEALTH_POLL);
         }
     }
 
@@ -411,14 +423,7 @@ impl Setup {
 
     /// The matching etcdctl for `endpoints`, API 3, TLS files if any, no inherited ETCDCTL_*.
     fn etcdctl(&self, endpoints: &str) -> Command {
-        let mut cmd = Command::new(self.version.etcdctl());
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("ETCDCTL_") {
-                cmd.env_remove(name);
-            }
-        }
-        cmd.env("ETCDCTL_API", "3");
-        cmd.arg(format!("--endpoints={endpoints}"));
+        let mut cmd = self.version.etcdctl_for(endpoints);
         if let Some(tls) = &self.tls {
             cmd.args(tls.client_flags());
         }
@@ -640,7 +645,7 @@ impl Member {
             if Instant::now() >= deadline {
                 return Err(format!("did not answer /health within {START_BOUND:?}"));
             }
-            thread::sleep(POLL);
+            thread::sleep(HEALTH_POLL);
         }
     }
 

@@ -1,4 +1,3 @@
-#![allow(dead_code)]
 //! Test support: a builder over the built `leasewrap` binary, bounded waits on observable
 //! events, and `/proc` readers for checking what is left of a process tree.
 //!
@@ -6,15 +5,18 @@
 //! what it was waiting for once its bound runs out.
 
 pub mod etcd;
+mod job;
 pub mod proxy;
+
+pub use job::{Job, Marks};
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -30,8 +32,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_leasewrap");
 /// How long `output()` lets a run take before calling it hung.
 pub const RUN_BOUND: Duration = Duration::from_secs(10);
 
-/// How often bounded waits look again.
-const POLL: Duration = Duration::from_millis(5);
+/// Time for leasewrap to take a free lease and start its child (or exit) on a loaded 2-core box.
+pub const STARTUP: Duration = Duration::from_secs(10);
+
+/// How often bounded waits look again (also the resolution of an observed takeover).
+pub const POLL: Duration = Duration::from_millis(2);
 
 /// How long to wait for a pipe's EOF once the process is gone (a leaked descendant may hold it).
 const PIPE_EOF_BOUND: Duration = Duration::from_secs(1);
@@ -127,20 +132,32 @@ pub fn q(path: &Path) -> String {
     format!("'{text}'")
 }
 
-/// A shell snippet that writes `$$` to `path` in one step (temp file, then rename), so a
-/// reader never sees half of it.
-pub fn write_pid(path: &Path) -> String {
+/// A shell snippet that writes the output of `producer` (`echo $$`, `env`, ...) to `path` in one
+/// step (temp file, then rename), so a reader never sees half of it.
+pub fn atomically(producer: &str, path: &Path) -> String {
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     format!(
-        "echo $$ > {tmp} && mv {tmp} {dst}",
+        "{producer} > {tmp} && mv {tmp} {dst}",
         tmp = q(&tmp),
         dst = q(path)
     )
 }
 
-/// Builder for one run of the binary.
+/// What a run reads on stdin.
+enum Input {
+    /// /dev/null.
+    Null,
+    /// These bytes, then EOF.
+    Bytes(Vec<u8>),
+    /// A pipe the test writes itself (`Running::take_stdin`).
+    Pipe,
+}
+
+/// Builder for one run of the binary: a supervised run, or a subcommand.
 pub struct Leasewrap {
-    /// `--local-dir`; a fresh temp dir when not given.
+    /// `status`, `fenced-write`, ...; None for a supervised run.
+    subcommand: Option<&'static str>,
+    /// `--local-dir`; for a supervised run a fresh temp dir when not given.
     local_dir: Option<PathBuf>,
     /// Options before COMMAND, in order.
     args: Vec<OsString>,
@@ -150,6 +167,7 @@ pub struct Leasewrap {
     envs: Vec<(OsString, OsString)>,
     /// Run it as `sh -c '"$@"; echo $?'` so stdout carries the status a shell sees.
     via_shell: bool,
+    input: Input,
 }
 
 impl Default for Leasewrap {
@@ -161,12 +179,27 @@ impl Default for Leasewrap {
 impl Leasewrap {
     pub fn new() -> Self {
         Leasewrap {
+            subcommand: None,
             local_dir: None,
             args: Vec::new(),
             tail: Vec::new(),
             envs: Vec::new(),
             via_shell: false,
+            input: Input::Null,
         }
+    }
+
+    /// `leasewrap SUBCOMMAND ...`: `--local-dir` only when given.
+    pub fn subcommand(subcommand: &'static str) -> Self {
+        Leasewrap {
+            subcommand: Some(subcommand),
+            ..Leasewrap::new()
+        }
+    }
+
+    /// The etcd backend at `endpoints`, under `prefix`.
+    pub fn on_etcd(self, endpoints: &str, prefix: &str) -> Self {
+        self.args(&["--endpoints", endpoints, "--prefix", prefix])
     }
 
     pub fn local_dir(mut self, dir: impl Into<PathBuf>) -> Self {
@@ -208,17 +241,20 @@ impl Leasewrap {
         self
     }
 
+    /// Feeds `input` on stdin, then EOF (a run that exits before reading it all is fine).
+    pub fn stdin(mut self, input: impl Into<Vec<u8>>) -> Self {
+        self.input = Input::Bytes(input.into());
+        self
+    }
+
+    /// Gives stdin a pipe that the test writes through `Running::take_stdin`.
+    pub fn stdin_pipe(mut self) -> Self {
+        self.input = Input::Pipe;
+        self
+    }
+
     pub fn spawn(self) -> Running {
-        let (local_dir, owned_dir) = match self.local_dir {
-            Some(dir) => (dir, None),
-            None => {
-                let dir = tempfile::tempdir().expect("create temp local dir");
-                (dir.path().to_owned(), Some(dir))
-            }
-        };
-        let mut argv: Vec<OsString> = vec![BIN.into(), "--local-dir".into(), local_dir.into()];
-        argv.extend(self.args);
-        argv.extend(self.tail);
+        let (argv, owned_dir) = self.argv();
         let mut command = if self.via_shell {
             let mut c = Command::new("/bin/sh");
             c.args(["-c", "\"$@\"; echo $?", "sh"]).args(&argv);
@@ -230,41 +266,66 @@ impl Leasewrap {
         };
         clean_env(&mut command);
         command.envs(self.envs.iter().map(|(k, v)| (k, v)));
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        let stdout = Capture::start(child.stdout.take().expect("stdout pipe"));
-        let stderr = Capture::start(child.stderr.take().expect("stderr pipe"));
-        Running {
-            child,
-            stdout,
-            stderr,
-            status: None,
-            _local_dir: owned_dir,
+        let mut running = Running::start(command, !matches!(self.input, Input::Null));
+        running._local_dir = owned_dir;
+        if let Input::Bytes(bytes) = self.input {
+            let mut stdin = running.take_stdin();
+            // A run that refuses before reading its input closes the pipe: that is normal.
+            thread::spawn(move || {
+                let _ = stdin.write_all(&bytes);
+            });
         }
+        running
+    }
+
+    /// `BIN [SUBCOMMAND] [--local-dir DIR] ARGS... TAIL...`, and the temp dir made for DIR.
+    fn argv(&self) -> (Vec<OsString>, Option<TempDir>) {
+        let mut argv: Vec<OsString> = vec![BIN.into()];
+        argv.extend(self.subcommand.map(OsString::from));
+        let (local_dir, owned_dir) = match (&self.local_dir, self.subcommand) {
+            (Some(dir), _) => (Some(dir.clone()), None),
+            (None, Some(_)) => (None, None),
+            (None, None) => {
+                let dir = tempfile::tempdir().expect("create temp local dir");
+                (Some(dir.path().to_owned()), Some(dir))
+            }
+        };
+        if let Some(dir) = local_dir {
+            argv.extend(["--local-dir".into(), dir.into()]);
+        }
+        argv.extend(self.args.iter().cloned());
+        argv.extend(self.tail.iter().cloned());
+        (argv, owned_dir)
     }
 
     /// Runs to the end (bounded by `RUN_BOUND`) and collects both streams.
     #[track_caller]
     pub fn output(self) -> Output {
-        let started = Instant::now();
-        let mut running = self.spawn();
-        let status = running.wait_timeout(RUN_BOUND);
-        Output {
-            status,
-            stdout: running.stdout(),
-            stderr: running.stderr(),
-            elapsed: started.elapsed(),
-        }
+        output_within(self.spawn(), RUN_BOUND)
+    }
+}
+
+/// Runs `command` (stdin /dev/null) to its end within `bound`, and collects both streams;
+/// panics with its stderr after `bound` (and kills it on the way out).
+#[track_caller]
+pub fn run_bounded(command: Command, bound: Duration) -> Output {
+    output_within(Running::start(command, false), bound)
+}
+
+#[track_caller]
+fn output_within(mut running: Running, bound: Duration) -> Output {
+    let started = Instant::now();
+    let status = running.wait_timeout(bound);
+    Output {
+        status,
+        stdout: running.stdout(),
+        stderr: running.stderr(),
+        elapsed: started.elapsed(),
     }
 }
 
 /// Takes away everything that could point leasewrap at etcd or leak in from the test runner.
-fn clean_env(command: &mut Command) {
+pub fn clean_env(command: &mut Command) {
     for (key, _) in std::env::vars_os() {
         let k = key.to_string_lossy();
         if k.starts_with("LEASEWRAP_") || k.starts_with("ETCDCTL_") || k == "NOTIFY_SOCKET" {
@@ -331,6 +392,39 @@ pub struct Running {
 }
 
 impl Running {
+    /// Spawns `command` with stdout and stderr captured; stdin a pipe or /dev/null.
+    fn start(mut command: Command, piped_stdin: bool) -> Running {
+        let stdin = if piped_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
+        command
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
+        let stdout = Capture::start(child.stdout.take().expect("stdout pipe"));
+        let stderr = Capture::start(child.stderr.take().expect("stderr pipe"));
+        Running {
+            child,
+            stdout,
+            stderr,
+            status: None,
+            _local_dir: None,
+        }
+    }
+
+    /// The write end of a `stdin_pipe()` run's stdin (once).
+    pub fn take_stdin(&mut self) -> ChildStdin {
+        self.child
+            .stdin
+            .take()
+            .expect("a run built with stdin_pipe()")
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -358,7 +452,8 @@ impl Running {
             }
             if Instant::now() >= deadline {
                 panic!(
-                    "leasewrap (pid {}) still running after {bound:?}\n--- stderr so far ---\n{}",
+                    "{} (pid {}) still running after {bound:?}\n--- stderr so far ---\n{}",
+                    cmdline(self.pid()),
                     self.pid(),
                     self.stderr.so_far()
                 );
@@ -457,12 +552,19 @@ fn proc_stat(pid: i32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
+/// The state letter of `/proc/PID/stat` ('T' when stopped, 'Z' a zombie), None once it is gone.
+pub fn proc_state(pid: i32) -> Option<char> {
+    proc_stat(pid)?.first()?.chars().next()
+}
+
+/// Whether PID is stopped (SIGSTOP, or a tracer).
+pub fn is_stopped(pid: i32) -> bool {
+    matches!(proc_state(pid), Some('T' | 't'))
+}
+
 /// True while PID runs; a zombie counts as dead (PID 1 here may never reap orphans).
 pub fn pid_alive(pid: i32) -> bool {
-    match proc_stat(pid) {
-        Some(fields) => !matches!(fields.first().map(String::as_str), Some("Z" | "X" | "x")),
-        None => false,
-    }
+    !matches!(proc_state(pid), Some('Z' | 'X' | 'x') | None)
 }
 
 pub fn ppid_of(pid: i32) -> Option<i32> {

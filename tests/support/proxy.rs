@@ -95,10 +95,6 @@ impl Proxy {
     pub fn set_mode(&self, mode: Mode) {
         *self.shared.mode.lock().unwrap() = mode;
     }
-
-    pub fn mode(&self) -> Mode {
-        self.shared.mode()
-    }
 }
 
 impl Drop for Proxy {

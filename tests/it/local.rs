@@ -4,23 +4,18 @@
 //! Children report what they saw through files; the tests wait for those files, for pids to
 //! die and for exits, always with a bound, never with a blind sleep.
 
-mod support;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
-use support::*;
-
-/// Time for leasewrap to take a free lease and start its child on a loaded 2-core box.
-const STARTUP: Duration = Duration::from_secs(5);
+use crate::support::*;
 
 /// `sh -c` body that prints the fencing token.
 const PRINT_TOKEN: &str = "echo $LEASEWRAP_FENCING_TOKEN";
@@ -44,45 +39,11 @@ fn token_run(sb: &Sandbox, name: &str, extra: &[&str]) -> u64 {
         .unwrap_or_else(|e| panic!("token {:?}: {e}", out.stdout))
 }
 
-/// A leasewrap holding a lease until the test lets its child finish.
-struct Holder {
-    run: Running,
-    /// Created by the test to let the child exit.
-    release: PathBuf,
-    /// Kills the child if the binary failed to, so a failing test leaves nothing running.
-    _child: KillOnDrop,
-}
-
-/// Starts a holder of `name` whose child runs until `release()`; returns once the child runs.
+/// A holder of `name` whose child (files labelled `label`) runs until `finish()`; returns once
+/// the child runs.
 #[track_caller]
-fn hold(sb: &Sandbox, name: &str, label: &str) -> Holder {
-    let pid_file = sb.path(&format!("{label}.pid"));
-    let release = sb.path(&format!("{label}.release"));
-    let script = format!(
-        "{}; while [ ! -e {} ]; do sleep 0.02; done",
-        write_pid(&pid_file),
-        q(&release)
-    );
-    let run = sb
-        .leasewrap()
-        .name(name)
-        .cmd(&["sh", "-c", &script])
-        .spawn();
-    let child = read_pid(&pid_file, STARTUP);
-    Holder {
-        run,
-        release,
-        _child: KillOnDrop(vec![child]),
-    }
-}
-
-impl Holder {
-    #[track_caller]
-    fn release(mut self) {
-        fs::write(&self.release, "").expect("create release file");
-        self.run.wait_timeout(STARTUP);
-        assert_exit(&self.run, 0);
-    }
+fn hold(sb: &Sandbox, name: &str, label: &str) -> Job {
+    Job::hold(sb.leasewrap().name(name), sb, label)
 }
 
 fn path_str(path: &Path) -> &str {
@@ -125,7 +86,7 @@ fn no_wait_exits_75_while_the_lease_is_held() {
         !marker.exists(),
         "the second command ran although the lease was held"
     );
-    holder.release();
+    holder.finish();
     assert_eq!(sb.token("busy"), Some(1), "the refused run moved the token");
 }
 
@@ -145,7 +106,7 @@ fn no_wait_with_conflict_exit_code_0_exits_0_without_running() {
         !marker.exists(),
         "the second command ran although the lease was held"
     );
-    holder.release();
+    holder.finish();
 }
 
 #[test]
@@ -169,7 +130,7 @@ fn bounded_wait_gives_up_with_75_after_the_wait() {
         !marker.exists(),
         "the second command ran although the lease was held"
     );
-    holder.release();
+    holder.finish();
 }
 
 #[test]
@@ -287,7 +248,7 @@ fn missing_command_is_reported_before_waiting_for_a_busy_lease() {
         .cmd(&[NO_SUCH_COMMAND])
         .output();
     assert_exit(&out, 127);
-    holder.release();
+    holder.finish();
 }
 
 /// Sends `sig` to a holder whose child and grandchild trap it, with a second holder already
@@ -302,7 +263,7 @@ fn stop_signal_reaches_the_tree_and_hands_over(sig: Signal) {
         &format!(
             "trap 'echo $$ > {got}; exit 0' {trap}\n{pid}\nsleep 60\necho woke > {got}.late",
             got = q(&sb.path("grandchild.got")),
-            pid = write_pid(&sb.path("grandchild.pid")),
+            pid = atomically("echo $$", &sb.path("grandchild.pid")),
         ),
     );
     // The grandchild runs in the foreground: a background job of sh would ignore SIGINT.
@@ -311,7 +272,7 @@ fn stop_signal_reaches_the_tree_and_hands_over(sig: Signal) {
         &format!(
             "trap 'echo $$ > {got}; exit 42' {trap}\n{pid}\n{gc}\necho woke > {got}.late",
             got = q(&sb.path("child.got")),
-            pid = write_pid(&sb.path("child.pid")),
+            pid = atomically("echo $$", &sb.path("child.pid")),
             gc = q(&grandchild),
         ),
     );
@@ -394,7 +355,7 @@ fn start_tree(sb: &Sandbox, name: &str) -> Tree {
         "daemon.sh",
         &format!(
             "trap '' TERM\n{}\nexec sleep 60",
-            write_pid(&sb.path("daemon.pid"))
+            atomically("echo $$", &sb.path("daemon.pid"))
         ),
     );
     let child = sb.script(
@@ -402,7 +363,7 @@ fn start_tree(sb: &Sandbox, name: &str) -> Tree {
         &format!(
             "setsid sh -c '\"$0\" &' {} </dev/null >/dev/null 2>&1\ntrap '' TERM\n{}\nexec sleep 60",
             q(&daemon),
-            write_pid(&sb.path("child.pid")),
+            atomically("echo $$", &sb.path("child.pid")),
         ),
     );
     let leasewrap = sb
@@ -501,7 +462,7 @@ fn after_sigkill_to_leasewrap_the_queued_holder_starts_only_once_the_old_tree_is
             !seen.exists(),
             "the next holder started while the old tree could still run"
         );
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(POLL);
     }
     signal::kill(watchdog, Signal::SIGCONT).expect("continue the watchdog");
     wait_for_file(&seen, STARTUP);
@@ -540,7 +501,10 @@ fn child_ignoring_sigterm_is_sigkilled_after_kill_after() {
         .cmd(&[
             "sh",
             "-c",
-            &format!("trap '' TERM; {}; exec sleep 60", write_pid(&pid_file)),
+            &format!(
+                "trap '' TERM; {}; exec sleep 60",
+                atomically("echo $$", &pid_file)
+            ),
         ])
         .spawn();
     let child = read_pid(&pid_file, STARTUP);
@@ -654,7 +618,7 @@ fn removing_the_lock_file_stops_the_child_and_exits_124() {
         .cmd(&[
             "sh",
             "-c",
-            &format!("{}; exec sleep 60", write_pid(&pid_file)),
+            &format!("{}; exec sleep 60", atomically("echo $$", &pid_file)),
         ])
         .spawn();
     let child = read_pid(&pid_file, STARTUP);

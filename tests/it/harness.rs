@@ -3,24 +3,14 @@
 //!
 //! Nothing of leasewrap runs here; a failure in this file is a broken harness or a broken machine.
 
-mod support;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::etcd::{self, Cluster, Etcd, Version};
-use support::proxy::{Mode, Proxy};
-
-/// Runs the matching etcdctl against `endpoint` directly (through a proxy, or without TLS files).
-fn etcdctl_at(version: Version, endpoint: &str, args: &[&str]) -> Output {
-    let mut cmd = Command::new(version.etcdctl());
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"));
-    cmd.args(args).output().expect("cannot run etcdctl")
-}
+use crate::support::etcd::{self, Cluster, Etcd, Version};
+use crate::support::proxy::{Mode, Proxy};
 
 #[track_caller]
 fn assert_ok(out: &Output) -> String {
@@ -86,11 +76,7 @@ fn proxy_in_pass_mode_carries_a_put() {
     let etcd = etcd::shared(Version::V3_5);
     let proxy = Proxy::start(etcd.addr());
     let key = format!("{}key", etcd::unique_prefix("proxy_pass"));
-    assert_ok(&etcdctl_at(
-        Version::V3_5,
-        &proxy.endpoint(),
-        &["put", &key, "via"],
-    ));
+    assert_ok(&Version::V3_5.etcdctl_at(&proxy.endpoint(), &["put", &key, "via"]));
     assert_eq!(
         etcd.etcdctl_ok(&["get", "--print-value-only", &key]).trim(),
         "via"
@@ -111,7 +97,7 @@ fn blackhole_makes_calls_time_out_and_pass_heals_them() {
     ];
     proxy.set_mode(Mode::Blackhole);
     let started = Instant::now();
-    let out = etcdctl_at(Version::V3_4, &proxy.endpoint(), &put);
+    let out = Version::V3_4.etcdctl_at(&proxy.endpoint(), &put);
     assert!(!out.status.success(), "a put got through the blackhole");
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -119,7 +105,7 @@ fn blackhole_makes_calls_time_out_and_pass_heals_them() {
         started.elapsed()
     );
     proxy.set_mode(Mode::Pass);
-    assert_ok(&etcdctl_at(Version::V3_4, &proxy.endpoint(), &put));
+    assert_ok(&Version::V3_4.etcdctl_at(&proxy.endpoint(), &put));
 }
 
 #[test]
@@ -128,11 +114,7 @@ fn delayed_replies_slow_a_get_by_at_least_the_delay() {
     let proxy = Proxy::start(etcd.addr());
     proxy.set_mode(Mode::DelayReplies(Duration::from_millis(300)));
     let started = Instant::now();
-    assert_ok(&etcdctl_at(
-        Version::V3_5,
-        &proxy.endpoint(),
-        &["get", "anything"],
-    ));
+    assert_ok(&Version::V3_5.etcdctl_at(&proxy.endpoint(), &["get", "anything"]));
     let took = started.elapsed();
     assert!(
         took >= Duration::from_millis(300),
@@ -239,7 +221,7 @@ fn cluster_elects_a_new_leader_when_the_leader_is_killed(version: Version) {
     assert_ne!(next, leader);
     cluster.etcdctl_ok(&["put", "k", "after"]);
     cluster.restart(leader);
-    let out = etcdctl_at(version, &cluster.endpoint(leader), &["get", "k"]);
+    let out = version.etcdctl_at(&cluster.endpoint(leader), &["get", "k"]);
     assert!(assert_ok(&out).contains("after"));
 }
 
@@ -261,7 +243,7 @@ fn tls_server_serves_a_client_that_trusts_the_ca() {
         etcd.etcdctl_ok(&["put", "secure", "yes"]);
         let ca = format!("--cacert={}", etcd.tls().unwrap().ca.display());
         let get = [ca.as_str(), "get", "--print-value-only", "secure"];
-        let out = etcdctl_at(version, &etcd.endpoint(), &get);
+        let out = version.etcdctl_at(&etcd.endpoint(), &get);
         assert_eq!(assert_ok(&out).trim(), "yes", "etcd {}", version.number());
     }
 }
@@ -272,7 +254,8 @@ fn mtls_server_refuses_a_client_without_a_certificate() {
     etcd.etcdctl_ok(&["put", "secure", "yes"]);
     let ca = format!("--cacert={}", etcd.tls().unwrap().ca.display());
     let get = [ca.as_str(), "--command-timeout=1s", "get", "secure"];
-    assert!(!etcdctl_at(Version::V3_5, &etcd.endpoint(), &get)
+    assert!(!Version::V3_5
+        .etcdctl_at(&etcd.endpoint(), &get)
         .status
         .success());
 }
@@ -286,7 +269,7 @@ fn auth_confines_a_user_to_its_prefix() {
         etcd.etcdctl_ok(&["--user=alice:alicepw", "put", "jobs/a", "1"]);
         let outside = etcd.etcdctl(&["--user=alice:alicepw", "put", "other", "1"]);
         assert!(String::from_utf8_lossy(&outside.stderr).contains("permission denied"));
-        let anonymous = etcdctl_at(version, &etcd.endpoint(), &["get", "jobs/a"]);
+        let anonymous = version.etcdctl_at(&etcd.endpoint(), &["get", "jobs/a"]);
         assert!(!anonymous.status.success(), "etcd {}", version.number());
     }
 }

@@ -2,9 +2,9 @@
 //! are regenerated from the clap definitions and compared with the committed ones, the systemd
 //! units pass `systemd-analyze verify`, and the Debian package lists files that exist.
 //!
-//! A stale generated file fails its test; `LEASEWRAP_BLESS=1 cargo test --test docs` rewrites it.
+//! A stale generated file fails its test;
+//! `LEASEWRAP_BLESS=1 cargo test --test integration docs::` rewrites it.
 
-#[path = "docs/man.rs"]
 mod man;
 
 use std::collections::BTreeSet;
@@ -57,7 +57,7 @@ fn check_generated(dir: &str, ours: impl Fn(&str) -> bool, expected: &[(String, 
     assert!(
         bless || stale.is_empty(),
         "stale in {}: {}\nThe clap definitions or the docs generator changed. Regenerate with\n    \
-         {BLESS}=1 cargo test --test docs\nand commit the result.",
+         {BLESS}=1 cargo test --test integration docs::\nand commit the result.",
         dir.display(),
         stale.join(", ")
     );
@@ -134,7 +134,7 @@ fn man_page_environment_names_every_variable_the_code_reads_or_sets() {
     let missing: Vec<&String> = used.difference(&documented).collect();
     assert!(
         missing.is_empty(),
-        "not in the man page's ENVIRONMENT (tests/docs/man.rs READ or GIVEN): {missing:?}"
+        "not in the man page's ENVIRONMENT (tests/it/docs/man.rs READ or GIVEN): {missing:?}"
     );
     let page = fs::read_to_string(root().join("man/leasewrap.1")).unwrap();
     for name in &documented {

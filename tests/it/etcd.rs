@@ -9,9 +9,6 @@
 //! itself (a fault begins half a TTL after the child started and lasts 2 x TTL) or the assertion
 //! itself (a marker that must not appear within a bound).
 
-mod support;
-
-use std::collections::HashMap;
 use std::fs::{self, File};
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -22,22 +19,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
-use support::etcd::{self, Cluster, Etcd, Version};
-use support::proxy::{Mode, Proxy};
-use support::*;
+use crate::support::etcd::{self, Cluster, Etcd, Version};
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::*;
 
 /// The TTL of every timing-sensitive test: etcd's minimum.
 const TTL: Duration = Duration::from_secs(2);
 const TTL_ARG: &str = "2s";
 
-/// Time for leasewrap to take a free lease and start its child on a loaded 2-core box.
-const STARTUP: Duration = Duration::from_secs(10);
-
 /// `--ttl 2s`, and debug logs, which a failing fault test shows with leasewrap's stderr.
 const FAULT_ARGS: [&str; 3] = ["--ttl", TTL_ARG, "-v"];
-
-/// How often the tests look again while they watch for a takeover.
-const POLL: Duration = Duration::from_millis(2);
 
 /// `fn NAME(v: Version)` becomes `NAME::etcd_3_4` and `NAME::etcd_3_5`.
 macro_rules! on_both_versions {
@@ -102,7 +93,7 @@ impl Server for Cluster {
 /// etcdctl, panicking with its stderr on failure; returns stdout.
 #[track_caller]
 fn ctl_ok(server: &dyn Server, args: &[&str]) -> String {
-    support::etcd::checked(server.ctl(args), args)
+    crate::support::etcd::checked(server.ctl(args), args)
 }
 
 /// One key as `etcdctl get -w json` shows it.
@@ -174,30 +165,6 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
-/// The version's etcdctl against `endpoints` exactly as given (dead members included).
-fn etcdctl_at(v: Version, endpoints: &str, args: &[&str]) -> std::process::Output {
-    let out = etcdctl_cmd(v, endpoints).args(args).output();
-    out.expect("run etcdctl")
-}
-
-/// The version's etcdctl for `endpoints`, API 3, no inherited ETCDCTL_* variables.
-fn etcdctl_cmd(v: Version, endpoints: &str) -> Command {
-    let mut cmd = Command::new(v.etcdctl());
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("ETCDCTL_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoints}"));
-    cmd
-}
-
-/// A leasewrap on the etcd backend at `endpoints` under `prefix`.
-fn leasewrap(endpoints: &str, prefix: &str) -> Leasewrap {
-    Leasewrap::new().args(&["--endpoints", endpoints, "--prefix", prefix])
-}
-
 /// A lease name no other test uses, for `--prefix ''` (names hold no '/').
 fn unique_name(test: &str) -> String {
     etcd::unique_prefix(test)
@@ -221,142 +188,6 @@ fn read_ns(path: &Path) -> i128 {
     let text = read_line_file(path, STARTUP);
     text.parse()
         .unwrap_or_else(|e| panic!("{} holds {text:?}, not ns: {e}", path.display()))
-}
-
-/// Shell: writes the output of `producer` to `path` in one step (temp file, then rename).
-fn atomically(producer: &str, path: &Path) -> String {
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    format!(
-        "{producer} > {tmp} && mv {tmp} {dst}",
-        tmp = q(&tmp),
-        dst = q(path)
-    )
-}
-
-/// The files one child reports through, and the one the test creates to let it finish.
-struct Marks {
-    /// The child's pid (`$$` of its shell, which is the process leasewrap started).
-    pid: PathBuf,
-    /// Its whole environment, as `env` prints it.
-    env: PathBuf,
-    /// Wall-clock ns at its start.
-    start: PathBuf,
-    /// Wall-clock ns just before it exits.
-    end: PathBuf,
-    /// Created by the test: the child may finish.
-    release: PathBuf,
-    /// One wall-clock ns line per 20 ms while it waits, when asked for.
-    beat: PathBuf,
-}
-
-impl Marks {
-    fn new(sb: &Sandbox, label: &str) -> Marks {
-        let path = |what: &str| sb.path(&format!("{label}.{what}"));
-        Marks {
-            pid: path("pid"),
-            env: path("env"),
-            start: path("start"),
-            end: path("end"),
-            release: path("release"),
-            beat: path("beat"),
-        }
-    }
-
-    /// Reports start time, pid and environment; waits for `release`; reports its end time.
-    fn script(&self, heartbeat: bool) -> String {
-        let beat = if heartbeat {
-            format!("date +%s%N >> {}; ", q(&self.beat))
-        } else {
-            String::new()
-        };
-        format!(
-            "{start}; {pid}; {env}; while [ ! -e {release} ]; do {beat}sleep 0.02; done; {end}",
-            start = atomically("date +%s%N", &self.start),
-            pid = write_pid(&self.pid),
-            env = atomically("env", &self.env),
-            release = q(&self.release),
-            end = atomically("date +%s%N", &self.end),
-        )
-    }
-
-    fn started(&self) -> bool {
-        self.start.exists()
-    }
-}
-
-/// A leasewrap whose child reports through `Marks`. On drop, kills what is left of both.
-struct Job {
-    run: Running,
-    marks: Marks,
-}
-
-impl Job {
-    /// Starts `lw` with the `Marks` child; does not wait for the lease.
-    fn spawn(lw: Leasewrap, marks: Marks, heartbeat: bool) -> Job {
-        let run = lw.cmd(&["sh", "-c", &marks.script(heartbeat)]).spawn();
-        Job { run, marks }
-    }
-
-    /// Waits for the child to run; returns its pid.
-    #[track_caller]
-    fn child(&self) -> i32 {
-        read_pid(&self.marks.pid, STARTUP)
-    }
-
-    /// The child's environment (waits for it).
-    #[track_caller]
-    fn env(&self) -> HashMap<String, String> {
-        wait_for_file(&self.marks.env, STARTUP);
-        let text = fs::read_to_string(&self.marks.env).expect("read env file");
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect()
-    }
-
-    #[track_caller]
-    fn var(&self, name: &str) -> String {
-        let env = self.env();
-        let value = env.get(name);
-        value
-            .unwrap_or_else(|| panic!("the child's environment has no {name}"))
-            .clone()
-    }
-
-    #[track_caller]
-    fn token(&self) -> u64 {
-        let token = self.var("LEASEWRAP_FENCING_TOKEN");
-        token
-            .parse()
-            .unwrap_or_else(|e| panic!("LEASEWRAP_FENCING_TOKEN={token:?}: {e}"))
-    }
-
-    fn release(&self) {
-        File::create(&self.marks.release).expect("create release file");
-    }
-
-    /// Waits for leasewrap to exit, panicking with its stderr after `bound`.
-    #[track_caller]
-    fn wait(&mut self, bound: Duration) -> ExitStatus {
-        self.run.wait_timeout(bound)
-    }
-
-    #[track_caller]
-    fn finish_with(&mut self, code: i32) {
-        self.wait(STARTUP);
-        assert_exit(&self.run, code);
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        let pid = fs::read_to_string(&self.marks.pid).ok();
-        if let Some(pid) = pid.and_then(|p| p.trim().parse::<i32>().ok()) {
-            if pid_alive(pid) {
-                let _ = signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
-    }
 }
 
 /// How an old holder's child gave way to a new one's after a fault, on CLOCK_REALTIME.
@@ -468,7 +299,9 @@ fn fencing_token_is_the_lock_keys_create_revision(v: Version) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix("token_is_create_revision");
     let sb = Sandbox::new();
-    let lw = leasewrap(&etcd.endpoint(), &prefix).name("job");
+    let lw = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
+        .name("job");
     let mut holder = Job::spawn(lw, Marks::new(&sb, "a"), false);
     holder.child();
     let env = holder.env();
@@ -549,7 +382,7 @@ fn contenders_never_overlap_and_tokens_strictly_increase(v: Version) {
         for _ in 0..CONTENDERS {
             s.spawn(|| {
                 for _ in 0..ROUNDS {
-                    let lw = leasewrap(&endpoint, &prefix).name("job");
+                    let lw = Leasewrap::new().on_etcd(&endpoint, &prefix).name("job");
                     let mut run = lw.cmd(&["sh", "-c", &script]).spawn();
                     run.wait_timeout(Duration::from_secs(60));
                     assert_exit(&run, 0);
@@ -605,7 +438,11 @@ fn next_waiter_starts_soon_after_the_holder_exits(v: Version) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix("handover");
     let sb = Sandbox::new();
-    let lw = || leasewrap(&etcd.endpoint(), &prefix).name("job");
+    let lw = || {
+        Leasewrap::new()
+            .on_etcd(&etcd.endpoint(), &prefix)
+            .name("job")
+    };
     let mut a = Job::spawn(lw(), Marks::new(&sb, "a"), false);
     a.child();
     let mut b = Job::spawn(lw(), Marks::new(&sb, "b"), false);
@@ -654,7 +491,9 @@ fn lost_lease_stops_the_child(v: Version, how: &str) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix(how);
     let sb = Sandbox::new();
-    let lw = leasewrap(&etcd.endpoint(), &prefix).name("job");
+    let lw = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
+        .name("job");
     let mut a = Job::spawn(lw.args(&["--ttl", TTL_ARG]), Marks::new(&sb, "a"), false);
     let child = a.child();
     let lease = a.var("LEASEWRAP_LEASE_ID");
@@ -707,7 +546,12 @@ fn holder_behind_proxy_dies_before_takeover(v: Version, fault: Mode, label: &str
     let prefix = etcd::unique_prefix(label);
     let sb = Sandbox::new();
     let proxy = Proxy::start(etcd.addr());
-    let lw = |endpoint: &str| leasewrap(endpoint, &prefix).name("job").args(&FAULT_ARGS);
+    let lw = |endpoint: &str| {
+        Leasewrap::new()
+            .on_etcd(endpoint, &prefix)
+            .name("job")
+            .args(&FAULT_ARGS)
+    };
     let mut a = Job::spawn(lw(&proxy.endpoint()), Marks::new(&sb, "a"), true);
     a.child();
     let mut c = Job::spawn(lw(&etcd.endpoint()), Marks::new(&sb, "c"), false);
@@ -757,18 +601,13 @@ impl Drop for ContinueOnDrop {
     }
 }
 
-/// The state letter of `/proc/PID/stat` ('T' when stopped).
-fn proc_state(pid: i32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
-}
-
 fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped(v: Version) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix("f5");
     let sb = Sandbox::new();
     let lw = || {
-        leasewrap(&etcd.endpoint(), &prefix)
+        Leasewrap::new()
+            .on_etcd(&etcd.endpoint(), &prefix)
             .name("job")
             .args(&FAULT_ARGS)
     };
@@ -830,7 +669,12 @@ fn waiter_whose_lease_expired_in_the_queue_never_starts_its_child(v: Version) {
     let prefix = etcd::unique_prefix("f7");
     let sb = Sandbox::new();
     let proxy = Proxy::start(etcd.addr());
-    let lw = |endpoint: &str| leasewrap(endpoint, &prefix).name("job").args(&FAULT_ARGS);
+    let lw = |endpoint: &str| {
+        Leasewrap::new()
+            .on_etcd(endpoint, &prefix)
+            .name("job")
+            .args(&FAULT_ARGS)
+    };
     let mut h = Job::spawn(lw(&etcd.endpoint()), Marks::new(&sb, "h"), false);
     h.child();
     let h_key = h.var("LEASEWRAP_KEY");
@@ -861,7 +705,7 @@ fn waiter_whose_lease_expired_in_the_queue_never_starts_its_child(v: Version) {
             !w.marks.started(),
             "OVERLAP: the waiter whose lease expired in the queue started its child"
         );
-        thread::sleep(Duration::from_millis(20));
+        thread::sleep(POLL);
     }
     assert!(t.token() > h.token());
     assert!(
@@ -889,16 +733,14 @@ fn killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay
     let tokens = sb.path("tokens");
     let append_token = format!("echo $LEASEWRAP_FENCING_TOKEN >> {}", q(&tokens));
     let lw = || {
-        leasewrap(&cluster.endpoints(), &prefix)
+        Leasewrap::new()
+            .on_etcd(&cluster.endpoints(), &prefix)
             .name("job")
             .args(&FAULT_ARGS)
     };
     let marks = Marks::new(&sb, "a");
     let script = format!("{append_token}; {}", marks.script(false));
-    let mut a = Job {
-        run: lw().cmd(&["sh", "-c", &script]).spawn(),
-        marks,
-    };
+    let mut a = Job::with_script(lw(), marks, script);
     let child = a.child();
     let lease = a.var("LEASEWRAP_LEASE_ID");
 
@@ -945,7 +787,8 @@ fn killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay
     );
 
     let next_run = |cluster: &Cluster| {
-        let out = leasewrap(&cluster.endpoints(), &prefix)
+        let out = Leasewrap::new()
+            .on_etcd(&cluster.endpoints(), &prefix)
             .name("job")
             .args(&["--ttl", TTL_ARG, "-w", "8s"])
             .cmd(&["sh", "-c", &append_token])
@@ -954,7 +797,7 @@ fn killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay
     };
     // etcdctl copes with the same list, one member down: so must leasewrap.
     let put = ["put", &format!("{prefix}probe"), "x"];
-    let probe = etcdctl_at(v, &cluster.endpoints(), &put);
+    let probe = v.etcdctl_at(&cluster.endpoints(), &put);
     assert!(
         probe.status.success(),
         "etcdctl with one member down: {probe:?}"
@@ -979,7 +822,8 @@ fn child_is_stopped_at_the_deadline_while_etcd_is_down(v: Version) {
     let mut etcd = Etcd::start(v);
     let prefix = "lw/";
     let sb = Sandbox::new();
-    let lw = leasewrap(&etcd.endpoint(), prefix)
+    let lw = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), prefix)
         .name("job")
         .args(&FAULT_ARGS)
         .args(&["--dial-timeout", "1s"]);
@@ -1006,7 +850,8 @@ fn child_is_stopped_at_the_deadline_while_etcd_is_down(v: Version) {
     );
 
     etcd.restart();
-    let out = leasewrap(&etcd.endpoint(), prefix)
+    let out = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), prefix)
         .name("job")
         .args(&["-w", "8s"])
         .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN"])
@@ -1027,7 +872,7 @@ struct EtcdctlLock {
 
 impl EtcdctlLock {
     fn start(etcd: &Etcd, sb: &Sandbox, name: &str, script: &Path) -> EtcdctlLock {
-        let mut cmd = etcdctl_cmd(etcd.version(), &etcd.endpoint());
+        let mut cmd = etcd.version().etcdctl_for(&etcd.endpoint());
         let log = |what: &str| File::create(sb.path(&format!("etcdctl.{what}"))).unwrap();
         cmd.args(["lock", name])
             .arg(script)
@@ -1049,7 +894,7 @@ impl EtcdctlLock {
                 Instant::now() < deadline,
                 "etcdctl lock still runs after {bound:?}"
             );
-            thread::sleep(Duration::from_millis(5));
+            thread::sleep(POLL);
         }
     }
 }
@@ -1071,7 +916,8 @@ fn etcdctl_lock_holder_makes_leasewrap_no_wait_exit_75(v: Version) {
     let _child = KillOnDrop(vec![read_pid(&marks.pid, STARTUP)]);
 
     let ran = sb.path("ran");
-    let out = leasewrap(&etcd.endpoint(), "")
+    let out = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), "")
         .name(&name)
         .args(&["-n"])
         .cmd(&["touch", ran.to_str().unwrap()])
@@ -1092,7 +938,7 @@ fn leasewrap_holder_makes_etcdctl_lock_wait_until_it_exits(v: Version) {
     let etcd = etcd::shared(v);
     let name = unique_name("interop_wait");
     let sb = Sandbox::new();
-    let lw = leasewrap(&etcd.endpoint(), "").name(&name);
+    let lw = Leasewrap::new().on_etcd(&etcd.endpoint(), "").name(&name);
     let mut a = Job::spawn(lw, Marks::new(&sb, "a"), false);
     a.child();
     let lease = a.var("LEASEWRAP_LEASE_ID");
@@ -1247,7 +1093,8 @@ fn unreachable_endpoint_exits_69_within_the_dial_timeout_and_runs_nothing() {
     let sb = Sandbox::new();
     let ran = sb.path("ran");
     for (what, addr) in [("closed port", closed), ("silent listener", silent_addr)] {
-        let out = leasewrap(&format!("http://{addr}"), "lw/")
+        let out = Leasewrap::new()
+            .on_etcd(&format!("http://{addr}"), "lw/")
             .args(&["--name", "job", "--dial-timeout", "1s"])
             .cmd(&["touch", ran.to_str().unwrap()])
             .output();
@@ -1305,7 +1152,14 @@ fn tls_with_the_servers_ca_works_and_a_wrong_or_missing_ca_exits_77(v: Version) 
     let etcd = Etcd::start_tls(v);
     let tls = etcd.tls().expect("a TLS server");
     let sb = Sandbox::new();
-    let lw = || leasewrap(&etcd.endpoint(), "lw/").args(&["--name", "job", "--dial-timeout", "2s"]);
+    let lw = || {
+        Leasewrap::new().on_etcd(&etcd.endpoint(), "lw/").args(&[
+            "--name",
+            "job",
+            "--dial-timeout",
+            "2s",
+        ])
+    };
     let out = lw()
         .args(&["--cacert", tls.ca.to_str().unwrap()])
         .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN"])
@@ -1341,7 +1195,8 @@ fn mtls_presents_the_client_certificate_and_exits_77_without_one(v: Version) {
     let tls = etcd.tls().expect("a TLS server");
     let sb = Sandbox::new();
     let lw = || {
-        leasewrap(&etcd.endpoint(), "lw/")
+        Leasewrap::new()
+            .on_etcd(&etcd.endpoint(), "lw/")
             .args(&["--name", "job", "--dial-timeout", "2s"])
             .args(&["--cacert", tls.ca.to_str().unwrap()])
     };
@@ -1373,7 +1228,9 @@ fn held(v: Version, sb: &Sandbox, test: &str) -> (&'static Etcd, String, Job) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix(test);
     let h = Job::spawn(
-        leasewrap(&etcd.endpoint(), &prefix).name("job"),
+        Leasewrap::new()
+            .on_etcd(&etcd.endpoint(), &prefix)
+            .name("job"),
         Marks::new(sb, "h"),
         false,
     );
@@ -1398,7 +1255,8 @@ fn no_wait_on_a_held_lease_exits_75_and_leaves_no_key(v: Version) {
     let sb = Sandbox::new();
     let (etcd, prefix, h) = held(v, &sb, "no_wait");
     let ran = sb.path("ran");
-    let out = leasewrap(&etcd.endpoint(), &prefix)
+    let out = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
         .args(&["--name", "job", "-n"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
@@ -1411,7 +1269,8 @@ fn bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_leaves_no_key(v: Ver
     let sb = Sandbox::new();
     let (etcd, prefix, h) = held(v, &sb, "bounded_wait");
     let ran = sb.path("ran");
-    let out = leasewrap(&etcd.endpoint(), &prefix)
+    let out = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
         .args(&["--name", "job", "-w", "500ms"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
@@ -1434,7 +1293,9 @@ fn sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_key(v: Version
     let sb = Sandbox::new();
     let (etcd, prefix, h) = held(v, &sb, "sigterm_waiting");
     let mut w = Job::spawn(
-        leasewrap(&etcd.endpoint(), &prefix).name("job"),
+        Leasewrap::new()
+            .on_etcd(&etcd.endpoint(), &prefix)
+            .name("job"),
         Marks::new(&sb, "w"),
         false,
     );

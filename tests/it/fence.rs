@@ -7,15 +7,13 @@
 //! prefix, and fail (never skip) when etcd or libfaketime is missing. Every wait is bounded and
 //! waits for something observable.
 
-mod support;
-
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,11 +21,12 @@ use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use support::etcd::{self, Etcd, Version};
-use support::proxy::{Mode, Proxy};
-use support::{
-    assert_all_die_within, assert_exit, cmdline, pid_alive, ppid_of, q, read_line_file, read_pid,
-    wait_until, write_pid, KillOnDrop, Leasewrap, Sandbox, BIN, RUN_BOUND,
+use crate::support::etcd::{self, Etcd, Version};
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::{
+    assert_all_die_within, assert_exit, atomically, clean_env, cmdline, is_stopped, pid_alive,
+    ppid_of, q, read_line_file, read_pid, run_bounded, wait_until, KillOnDrop, Leasewrap, Output,
+    Running, Sandbox, BIN,
 };
 
 /// TTL of every lease here: etcd's minimum, so that each fault plays out in a few seconds.
@@ -46,17 +45,17 @@ const LIBFAKETIME_MT: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.s
 fn a_stale_token_exits_73_names_both_tokens_and_leaves_dest_byte_identical() {
     let sandbox = Sandbox::new();
     let dest = sandbox.path("report.csv");
-    assert_eq!(write(&dest, 10, b"old\n").code, Some(0));
+    assert_eq!(write(&dest, 10, b"old\n").status.code(), Some(0));
     let before = fs::metadata(&dest).unwrap();
 
     // The token comes from LEASEWRAP_FENCING_TOKEN when --token is not given.
     let path = dest.to_str().unwrap();
-    let refused = sub(
-        &["fenced-write", path],
-        &[("LEASEWRAP_FENCING_TOKEN", "9")],
-        b"new\n",
-    );
-    assert_eq!(refused.code, Some(73), "{}", refused.stderr);
+    let refused = Leasewrap::subcommand("fenced-write")
+        .args(&[path])
+        .env("LEASEWRAP_FENCING_TOKEN", "9")
+        .stdin(*b"new\n")
+        .output();
+    assert_eq!(refused.status.code(), Some(73), "{}", refused.stderr);
     let lines: Vec<&str> = refused.stderr.lines().collect();
     assert_eq!(lines.len(), 1, "one line: {:?}", refused.stderr);
     assert!(
@@ -64,7 +63,7 @@ fn a_stale_token_exits_73_names_both_tokens_and_leaves_dest_byte_identical() {
         "names the given token and the one recorded: {}",
         lines[0]
     );
-    assert_eq!(write(&dest, 3, b"new\n").code, Some(73));
+    assert_eq!(write(&dest, 3, b"new\n").status.code(), Some(73));
 
     let after = fs::metadata(&dest).unwrap();
     assert_eq!(fs::read(&dest).unwrap(), b"old\n");
@@ -75,7 +74,7 @@ fn a_stale_token_exits_73_names_both_tokens_and_leaves_dest_byte_identical() {
     assert_eq!(recorded(&dest), Some(10));
 
     // The same holder may write again: an equal token is not stale.
-    assert_eq!(write(&dest, 10, b"again\n").code, Some(0));
+    assert_eq!(write(&dest, 10, b"again\n").status.code(), Some(0));
     assert_eq!(fs::read(&dest).unwrap(), b"again\n");
 }
 
@@ -98,12 +97,13 @@ fn eight_concurrent_writers_leave_the_highest_tokens_content_and_the_recorded_to
         let results: Vec<_> = writers.into_iter().map(|w| w.join().unwrap()).collect();
         highest = highest.max(*tokens.iter().max().unwrap());
         for (token, ran) in results {
-            match ran.code {
+            match ran.status.code() {
                 Some(0) => {}
                 Some(73) => assert!(token < highest, "token {token} refused: {}", ran.stderr),
                 _ => panic!(
                     "writer with token {token} ended {:?}: {}",
-                    ran.code, ran.stderr
+                    ran.status.code(),
+                    ran.stderr
                 ),
             }
         }
@@ -128,20 +128,22 @@ fn eight_concurrent_writers_leave_the_highest_tokens_content_and_the_recorded_to
 fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
     let sandbox = Sandbox::new();
     let dest = sandbox.path("report.csv");
-    assert_eq!(write(&dest, 1, &content(1)).code, Some(0));
+    assert_eq!(write(&dest, 1, &content(1)).status.code(), Some(0));
 
     // Killed with half of its input in the temp file: DEST is the old file, the token unchanged.
     let mut writer = start_write(&dest, 2);
     let new = content(2);
     let half = &new[..new.len() / 2];
-    writer.stdin.as_mut().unwrap().write_all(half).unwrap();
+    let mut stdin = writer.take_stdin();
+    stdin.write_all(half).unwrap();
     wait_until(BOUND, "half the input in a temp file", || {
         temp_files(&sandbox.path(""))
             .iter()
             .any(|t| fs::metadata(t).is_ok_and(|m| m.len() >= half.len() as u64))
     });
-    writer.kill().unwrap();
-    writer.wait().unwrap();
+    writer.kill(Signal::SIGKILL);
+    writer.wait_timeout(BOUND);
+    drop(stdin);
     assert!(fs::read(&dest).unwrap() == content(1), "DEST changed");
     assert_eq!(recorded(&dest), Some(1));
 
@@ -150,13 +152,13 @@ fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
     // recorded.
     let mut rng = Rng::new("kill points");
     let started = Instant::now();
-    assert_eq!(write(&dest, 2, &content(2)).code, Some(0));
+    assert_eq!(write(&dest, 2, &content(2)).status.code(), Some(0));
     let whole_run = started.elapsed().as_micros() as u64;
     let (mut current, mut fence, mut replaced, mut ahead) = (2, 2, 0, 0);
     for token in 3..23 {
         let mut writer = start_write(&dest, token);
         let data = content(token);
-        let mut stdin = writer.stdin.take().unwrap();
+        let mut stdin = writer.take_stdin();
         if rng.below(3) == 0 {
             // Cut anywhere, the pipe still open when the kill comes.
             let cut = rng.below(data.len() as u64) as usize;
@@ -169,8 +171,8 @@ fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
         }
         // The kill point itself, not a wait for anything: anywhere in about two whole runs.
         thread::sleep(Duration::from_micros(rng.below(2 * whole_run)));
-        writer.kill().unwrap();
-        writer.wait().unwrap();
+        writer.kill(Signal::SIGKILL);
+        writer.wait_timeout(BOUND);
         let now = fs::read(&dest).unwrap();
         let seen = recorded(&dest).unwrap();
         if now == content(token) {
@@ -198,7 +200,7 @@ fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
         "kill points: {replaced} of 20 writers killed within 2 x {whole_run} us had replaced DEST; \
          {ahead} had recorded their token but not yet replaced DEST"
     );
-    assert_eq!(write(&dest, 99, &content(99)).code, Some(0));
+    assert_eq!(write(&dest, 99, &content(99)).status.code(), Some(0));
     assert!(fs::read(&dest).unwrap() == content(99));
     assert!(
         temp_files(&sandbox.path("")).is_empty(),
@@ -226,22 +228,11 @@ fn fenced_put_checks_the_lock_key(version: Version) {
     etcd.etcdctl_ok(&["put", &lock_key, "holder"]);
     let token = create_revision(etcd, &lock_key).expect("lock key just put");
     let put = |token: i64, value: &str| {
-        let env = [
-            ("LEASEWRAP_ENDPOINTS", etcd.endpoint()),
-            ("LEASEWRAP_KEY", lock_key.clone()),
-        ];
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        sub(
-            &[
-                "fenced-put",
-                "--token",
-                &token.to_string(),
-                &data_key,
-                value,
-            ],
-            &env,
-            b"",
-        )
+        Leasewrap::subcommand("fenced-put")
+            .args(&["--token", &token.to_string(), &data_key, value])
+            .env("LEASEWRAP_ENDPOINTS", etcd.endpoint())
+            .env("LEASEWRAP_KEY", &lock_key)
+            .output()
     };
     let value = || {
         etcd.etcdctl_ok(&["get", "--print-value-only", &data_key])
@@ -249,11 +240,11 @@ fn fenced_put_checks_the_lock_key(version: Version) {
             .to_owned()
     };
 
-    assert_eq!(put(token, "one").code, Some(0));
+    assert_eq!(put(token, "one").status.code(), Some(0));
     assert_eq!(value(), "one");
     for wrong in [token - 1, token + 1] {
         let refused = put(wrong, "stale");
-        assert_eq!(refused.code, Some(73), "{}", refused.stderr);
+        assert_eq!(refused.status.code(), Some(73), "{}", refused.stderr);
         let line = refused.stderr.trim();
         assert!(
             line.contains(&format!("stale fencing token {wrong}"))
@@ -263,7 +254,7 @@ fn fenced_put_checks_the_lock_key(version: Version) {
     }
     etcd.etcdctl_ok(&["del", &lock_key]);
     let refused = put(token, "after the lease");
-    assert_eq!(refused.code, Some(73));
+    assert_eq!(refused.status.code(), Some(73));
     assert!(
         refused.stderr.contains("does not exist"),
         "{}",
@@ -272,12 +263,10 @@ fn fenced_put_checks_the_lock_key(version: Version) {
     assert_eq!(value(), "one", "nothing was written");
 
     // No endpoints anywhere: a usage error in one line, before any connection.
-    let no_etcd = sub(
-        &["fenced-put", "--token", "5", "--lock-key", "k", "a", "b"],
-        &[],
-        b"",
-    );
-    assert_eq!(no_etcd.code, Some(64));
+    let no_etcd = Leasewrap::subcommand("fenced-put")
+        .args(&["--token", "5", "--lock-key", "k", "a", "b"])
+        .output();
+    assert_eq!(no_etcd.status.code(), Some(64));
     assert_eq!(
         no_etcd.stderr.trim().lines().count(),
         1,
@@ -329,15 +318,17 @@ fn paused_leader(version: Version, resume: Resume) {
          echo 'v2 (from A)' | {bin} fenced-write {dest}; {wrote}
          {bin} fenced-put {data_key} 'from A'; {put}
          exec sleep 1000",
-        pid = write_pid(&p("a.pid")),
-        token = write_line(&p("a.token"), "$LEASEWRAP_FENCING_TOKEN"),
+        pid = atomically("echo $$", &p("a.pid")),
+        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &p("a.token")),
         go = q(&go),
         bin = q(Path::new(BIN)),
         dest = q(&dest),
-        wrote = write_line(&p("a.write"), "$?"),
-        put = write_line(&p("a.put"), "$?"),
+        wrote = atomically("echo $?", &p("a.write")),
+        put = atomically("echo $?", &p("a.put")),
     );
-    let mut a = on_etcd(&sandbox, etcd, &prefix).shell(&a_script).spawn();
+    let mut a = report_lease(&sandbox, etcd, &prefix)
+        .shell(&a_script)
+        .spawn();
     let child = read_pid(&p("a.pid"), BOUND);
     let a_token: u64 = read_line_file(&p("a.token"), BOUND).parse().unwrap();
     let watchdog = ppid_of(child).expect("A's child has a parent");
@@ -367,11 +358,13 @@ fn paused_leader(version: Version, resume: Resume) {
     let b_script = format!(
         "{token}
          echo 'v2 (from B)' | {bin} fenced-write {dest} && {bin} fenced-put {data_key} 'from B'",
-        token = write_line(&p("b.token"), "$LEASEWRAP_FENCING_TOKEN"),
+        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &p("b.token")),
         bin = q(Path::new(BIN)),
         dest = q(&dest),
     );
-    let mut b = on_etcd(&sandbox, etcd, &prefix).shell(&b_script).spawn();
+    let mut b = report_lease(&sandbox, etcd, &prefix)
+        .shell(&b_script)
+        .spawn();
     b.wait_timeout(2 * TTL + BOUND);
     assert_exit(&b, 0);
     let b_token: u64 = read_line_file(&p("b.token"), BOUND).parse().unwrap();
@@ -440,12 +433,10 @@ fn replay(version: Version) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/paused-leader.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script).arg(etcd.endpoint()).arg(BIN);
+    clean_env(&mut cmd);
     cmd.env("LEASEWRAP_PREFIX", etcd::unique_prefix("replay"));
-    cmd.env_remove("LEASEWRAP_ENDPOINTS")
-        .env_remove("ETCDCTL_ENDPOINTS");
     let out = run_bounded(cmd, Duration::from_secs(90));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
     eprintln!("--- replay on etcd {} ---\n{stdout}", version.number());
     assert!(
         out.status.success(),
@@ -507,7 +498,7 @@ fn clock_rate_within_drift(version: Version, rate: &str) {
     let lock = q(&p("holder.lock"));
     let holder_script = format!(
         "exec 9>>{lock}; flock -x 9; {}; exec sleep 1000",
-        write_pid(&p("holder.pid"))
+        atomically("echo $$", &p("holder.pid"))
     );
     let mut holder = Faked::spawn(
         &sandbox,
@@ -523,9 +514,9 @@ fn clock_rate_within_drift(version: Version, rate: &str) {
     let cut = Instant::now();
     let contender_script = format!(
         "exec 9>>{lock}; if flock -n -x 9; then r=ok; else r=OVERLAP; fi; {}",
-        write_line(&p("contender.result"), "$r")
+        atomically("echo $r", &p("contender.result"))
     );
-    let mut contender = on_etcd(&sandbox, etcd, &prefix)
+    let mut contender = report_lease(&sandbox, etcd, &prefix)
         .shell(&contender_script)
         .spawn();
     let (mut died, mut started) = (None, None);
@@ -625,8 +616,8 @@ impl WallRun {
         fs::write(&offset_file, "+0\n").unwrap();
         let script = format!(
             "{}; {}; sleep {WALL_RUN_CHILD}; exit 7",
-            write_pid(&sandbox.path("child.pid")),
-            write_line(&sandbox.path("child.wall"), "$(date +%s)")
+            atomically("echo $$", &sandbox.path("child.pid")),
+            atomically("echo $(date +%s)", &sandbox.path("child.wall"))
         );
         let conn = [etcd.endpoint(), prefix, script];
         let conn = [conn[0].as_str(), conn[1].as_str(), conn[2].as_str()];
@@ -740,82 +731,22 @@ impl WallRun {
 // ---------------------------------------------------------------------------------------------
 // Helpers.
 
-/// What a fenced-write or fenced-put run ended with.
-struct Ran {
-    code: Option<i32>,
-    stderr: String,
-}
-
-/// Runs `leasewrap ARGS` (a subcommand) with `input` on stdin, PATH and `envs` its only
-/// environment, bounded by `RUN_BOUND`.
-#[track_caller]
-fn sub(args: &[&str], envs: &[(&str, &str)], input: &[u8]) -> Ran {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args).env_clear().envs(envs.iter().copied());
-    cmd.env("PATH", std::env::var_os("PATH").unwrap_or_default());
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn leasewrap");
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_vec();
-    // A refusal may come before the input is read: a broken pipe is normal then.
-    let feeder = thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let pid = child.id() as i32;
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || tx.send(child.wait_with_output()));
-    let Ok(out) = rx.recv_timeout(RUN_BOUND) else {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        panic!("leasewrap {args:?} still running after {RUN_BOUND:?}");
-    };
-    let out = out.expect("wait for leasewrap");
-    let _ = feeder.join();
-    Ran {
-        code: out.status.code(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// `fenced-write --token TOKEN DEST` fed `data`.
 #[track_caller]
-fn write(dest: &Path, token: u64, data: &[u8]) -> Ran {
-    let token = token.to_string();
-    sub(
-        &["fenced-write", "--token", &token, dest.to_str().unwrap()],
-        &[],
-        data,
-    )
+fn write(dest: &Path, token: u64, data: &[u8]) -> Output {
+    fenced_write(dest, token).stdin(data).output()
 }
 
 /// A fenced-write whose stdin the test feeds (and may never close).
-fn start_write(dest: &Path, token: u64) -> Child {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["fenced-write", "--token", &token.to_string()])
-        .arg(dest);
-    cmd.env_remove("LEASEWRAP_FENCING_TOKEN");
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    cmd.spawn().expect("spawn fenced-write")
+fn start_write(dest: &Path, token: u64) -> Running {
+    fenced_write(dest, token).stdin_pipe().spawn()
 }
 
-/// Runs `cmd` to its end, or kills it (by pid) and panics once `bound` has passed.
-#[track_caller]
-fn run_bounded(mut cmd: Command, bound: Duration) -> std::process::Output {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let pid = child.id() as i32;
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || tx.send(child.wait_with_output()));
-    let Ok(out) = rx.recv_timeout(bound) else {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        panic!("{cmd:?} still running after {bound:?}");
-    };
-    out.expect("wait")
+/// `fenced-write --token TOKEN DEST`.
+fn fenced_write(dest: &Path, token: u64) -> Leasewrap {
+    Leasewrap::subcommand("fenced-write")
+        .args(&["--token", &token.to_string()])
+        .args(&[dest])
 }
 
 /// The content a writer with `token` writes: about 50 KB, every line naming the token, so that a
@@ -887,31 +818,10 @@ fn temp_files(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A shell snippet that writes the value of `expr` to `path` in one step.
-fn write_line(path: &Path, expr: &str) -> String {
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    format!(
-        "echo \"{expr}\" > {t} && mv {t} {p}",
-        t = q(&tmp),
-        p = q(path)
-    )
-}
-
 /// A run on `etcd` under `prefix`, lease "report", TTL 2 s.
-fn on_etcd(sandbox: &Sandbox, etcd: &Etcd, prefix: &str) -> Leasewrap {
-    let endpoint = etcd.endpoint();
-    sandbox
-        .leasewrap()
-        .args(&["--endpoints", &endpoint, "--prefix", prefix, "--ttl", "2s"])
-        .name("report")
-}
-
-/// Whether PID is stopped (state T in /proc/PID/stat).
-fn is_stopped(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| Some(s.rsplit_once(')')?.1.trim_start().starts_with('T')))
-        .unwrap_or(false)
+fn report_lease(sandbox: &Sandbox, etcd: &Etcd, prefix: &str) -> Leasewrap {
+    let lw = sandbox.leasewrap().on_etcd(&etcd.endpoint(), prefix);
+    lw.args(&["--ttl", "2s"]).name("report")
 }
 
 /// The create revision of `key`, or None when it does not exist.
@@ -999,10 +909,9 @@ impl Faked {
             c
         };
         cmd.args(lw);
+        clean_env(&mut cmd);
         for (key, _) in std::env::vars_os() {
-            let k = key.to_string_lossy();
-            if k.starts_with("LEASEWRAP_") || k.starts_with("ETCDCTL_") || k.starts_with("FAKETIME")
-            {
+            if key.to_string_lossy().starts_with("FAKETIME") {
                 cmd.env_remove(&key);
             }
         }

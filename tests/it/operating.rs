@@ -4,19 +4,12 @@
 //! Holders are real leasewrap runs whose child waits for a release file; every wait polls an
 //! observable event with a bound.
 
-mod support;
-
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
 
+use crate::support::etcd::{self, Version};
+use crate::support::*;
 use serde_json::Value;
-use support::etcd::{self, Version};
-use support::*;
-
-/// Time for leasewrap to take a free lease and start its child on a loaded 2-core box.
-const STARTUP: Duration = Duration::from_secs(10);
 
 /// Where `status` looks: a local directory, or etcd endpoints and a prefix.
 #[derive(Clone)]
@@ -33,43 +26,27 @@ impl Store {
         }
     }
 
-    /// The options that point leasewrap (a run or `status`) at this store.
-    fn args(&self) -> Vec<String> {
-        match self {
-            Store::Local(dir) => vec!["--local-dir".into(), dir.display().to_string()],
-            Store::Etcd { endpoint, prefix } => vec![
-                "--endpoints".into(),
-                endpoint.clone(),
-                "--prefix".into(),
-                prefix.clone(),
-            ],
-        }
-    }
-
     /// A leasewrap run of `name` on this store.
     fn leasewrap(&self, name: &str) -> Leasewrap {
-        let run = Leasewrap::new().name(name);
+        self.point(Leasewrap::new().name(name))
+    }
+
+    /// Points `lw` (a run or a subcommand) at this store.
+    fn point(&self, lw: Leasewrap) -> Leasewrap {
         match self {
-            Store::Local(dir) => run.local_dir(dir),
-            Store::Etcd { .. } => run.args(&self.args()),
+            Store::Local(dir) => lw.local_dir(dir),
+            Store::Etcd { endpoint, prefix } => lw.on_etcd(endpoint, prefix),
         }
     }
 
     /// `leasewrap status EXTRA...`, bounded by `RUN_BOUND`; returns (exit code, stdout, stderr).
     #[track_caller]
     fn status(&self, extra: &[&str]) -> (i32, String, String) {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("status").args(self.args()).args(extra);
-        for (key, _) in std::env::vars_os() {
-            let k = key.to_string_lossy();
-            if k.starts_with("LEASEWRAP_") || k.starts_with("ETCDCTL_") {
-                cmd.env_remove(&key);
-            }
-        }
-        let out = cmd.output().expect("run leasewrap status");
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        let code = out.status.code().unwrap_or(-1);
-        (code, text(&out.stdout), text(&out.stderr))
+        let out = self
+            .point(Leasewrap::subcommand("status"))
+            .args(extra)
+            .output();
+        (out.status.code().unwrap_or(-1), out.stdout, out.stderr)
     }
 
     /// `status --json EXTRA...`, parsed, asserting the exit code.
@@ -85,46 +62,10 @@ impl Store {
     }
 }
 
-/// A leasewrap holding `name` while its child waits for `release`.
-struct Holder {
-    run: Running,
-    /// The child's fencing token, as it saw it.
-    token: u64,
-    /// The child's argv as the holder record shows it.
-    command: Vec<String>,
-    release: PathBuf,
-}
-
+/// A leasewrap holding `name` (TTL 6 s) while its child waits for `finish()`.
 #[track_caller]
-fn hold(sb: &Sandbox, store: &Store, name: &str) -> Holder {
-    let token_file = sb.path(&format!("{name}.seen-token"));
-    let release = sb.path(&format!("{name}.release"));
-    let script = format!(
-        "echo $LEASEWRAP_FENCING_TOKEN > {tok}; while [ ! -e {rel} ]; do sleep 0.02; done",
-        tok = q(&token_file),
-        rel = q(&release)
-    );
-    let run = store
-        .leasewrap(name)
-        .args(&["--ttl", "6s"])
-        .cmd(&["sh", "-c", &script])
-        .spawn();
-    let token = read_line_file(&token_file, STARTUP).parse().expect("token");
-    Holder {
-        run,
-        token,
-        command: vec!["sh".into(), "-c".into(), script],
-        release,
-    }
-}
-
-impl Holder {
-    #[track_caller]
-    fn release(mut self) {
-        std::fs::write(&self.release, "").expect("create release file");
-        self.run.wait_timeout(STARTUP);
-        assert_exit(&self.run, 0);
-    }
+fn hold(sb: &Sandbox, store: &Store, name: &str) -> Job {
+    Job::hold(store.leasewrap(name).args(&["--ttl", "6s"]), sb, name)
 }
 
 /// A leasewrap queued behind a holder of `name`; it runs `true` once its turn comes.
@@ -151,11 +92,11 @@ fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
     let lease = status_with_waiters(store, name, 1);
     assert_eq!(lease["name"], name);
     assert_eq!(lease["held"], true);
-    assert_eq!(lease["token"], holder.token, "{lease}");
+    assert_eq!(lease["token"], holder.token(), "{lease}");
     assert_eq!(lease["holder"]["pid"], holder.run.pid(), "{lease}");
     assert_eq!(
         lease["holder"]["command"],
-        serde_json::json!(holder.command)
+        serde_json::json!(holder.command())
     );
     let host = nix::unistd::gethostname().unwrap();
     assert_eq!(lease["holder"]["host"], host.to_str().unwrap());
@@ -189,7 +130,7 @@ fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
     } else {
         row[3]
     };
-    let token = holder.token.to_string();
+    let token = holder.token().to_string();
     assert_eq!(
         row[..7],
         [
@@ -202,8 +143,9 @@ fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
             &pid
         ]
     );
-    // The command column is last and unpadded: the shell form of argv.
-    assert!(lines[1].ends_with("; done'"), "{text}");
+    // The command column is last and unpadded: the shell form of argv, whose script ends by
+    // renaming into the quoted `.end` file (each `'` of it shown as `'\''`).
+    assert!(lines[1].ends_with(r".end'\'''"), "{text}");
     assert_eq!(
         lines[0].find("COMMAND"),
         lines[1].find("sh -c"),
@@ -213,9 +155,9 @@ fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
     let all = store.status_json(&[], 0);
     let listed: Vec<&Value> = all.as_array().expect("an array").iter().collect();
     assert_eq!(listed.len(), 1, "{all}");
-    assert_eq!(listed[0]["token"], holder.token);
+    assert_eq!(listed[0]["token"], holder.token());
 
-    holder.release();
+    holder.finish();
     waiter.wait_timeout(STARTUP);
     assert_exit(&waiter, 0);
     let free = store.status_json(&[name], 1);
@@ -283,9 +225,8 @@ fn status_of_a_free_etcd_lease_exits_1_on_3_4_and_3_5() {
 fn status_shows_an_etcdctl_lock_holder_under_the_empty_prefix() {
     let server = etcd::shared(Version::V3_5);
     let name = format!("etcdctl-lock-{}", std::process::id());
-    let mut lock = Command::new(Version::V3_5.etcdctl());
-    lock.env("ETCDCTL_API", "3")
-        .args(["--endpoints", &server.endpoint(), "lock", &name]);
+    let mut lock = Version::V3_5.etcdctl_for(&server.endpoint());
+    lock.args(["lock", &name]);
     lock.stdout(std::process::Stdio::piped());
     let mut child = lock.spawn().expect("run etcdctl lock");
     let _kill = KillOnDrop(vec![child.id() as i32]);

@@ -1,0 +1,21 @@
+//! The one integration-test binary: black-box tests of the built `leasewrap`, one module per
+//! area, all on the one harness in `tests/support` (builder, etcd launcher, fault proxy).
+//!
+//! Run one area with a filter: `cargo test --test integration local::`.
+//!
+//! - `docs`: man pages, completions, units and package metadata stay true to the code.
+//! - `etcd`: the etcd backend against real etcd 3.4 and 3.5 (SPEC §4, §5, §9).
+//! - `fence`: fenced-write and fenced-put (SPEC §7).
+//! - `harness`: the harness itself (etcd servers, TLS, auth, cluster, proxy).
+//! - `local`: the local backend (flock + token file).
+//! - `operating`: `status`, sd_notify, JSON logs.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod docs;
+mod etcd;
+mod fence;
+mod harness;
+mod local;
+mod operating;
