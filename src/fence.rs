@@ -14,13 +14,13 @@ use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::TxnOp;
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::cli::{FencedPutArgs, FencedWriteArgs};
 use crate::config::{self, Backend, Env};
 use crate::error::Error;
-use crate::lease::etcd;
+use crate::lease::etcd::client::{self, Conn, Guarded};
 
 /// `leasewrap fenced-write`: DEST from stdin.
 pub fn write(args: &FencedWriteArgs) -> Result<(), Error> {
@@ -243,33 +243,18 @@ pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
         ))
     })?;
     let lock_key = args.lock_key.as_str();
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            lock_key,
-            CompareOp::Equal,
-            revision,
-        )])
-        .and_then([TxnOp::put(args.put_key.as_str(), args.value.as_str(), None)])
-        .or_else([TxnOp::get(lock_key, None)]);
-    let client = etcd::connect(&cfg).await?;
-    let resp = etcd::call_retrying(cfg.dial_timeout, &client, |mut c| {
-        let txn = txn.clone();
-        async move { c.txn(txn).await }
-    })
-    .await
-    .map_err(|e| etcd::tls_refusal(&cfg, e))?;
-    if resp.succeeded() {
-        tracing::debug!(key = %args.put_key, token = args.token, "put");
-        return Ok(());
+    let put = TxnOp::put(args.put_key.as_str(), args.value.as_str(), None);
+    let conn = Conn::dial(&cfg).await?;
+    match client::guarded_txn(&conn, lock_key, revision, vec![put]).await? {
+        Guarded::Applied(_) => {
+            tracing::debug!(key = %args.put_key, token = args.token, "put");
+            Ok(())
+        }
+        Guarded::Refused { create_revision } => Err(Error::StaleToken {
+            given: args.token,
+            seen: lock_key_state(lock_key, create_revision),
+        }),
     }
-    let now = resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => Some(g.kvs().first().map(|kv| kv.create_revision())),
-        _ => None,
-    });
-    Err(Error::StaleToken {
-        given: args.token,
-        seen: lock_key_state(lock_key, now.flatten()),
-    })
 }
 
 /// What a refused fenced-put found at the lock key: another holder's key, or none.

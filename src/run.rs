@@ -183,7 +183,7 @@ fn on_lease(cfg: &Config, token: u64, sup: &mut Supervisor, ev: LeaseEvent, endi
         }
         LeaseEvent::Lost(why) => {
             sup.send(ToWatchdog::Stop);
-            ending.lose(cfg, token, why);
+            ending.lose(cfg, token, why.to_string());
         }
     }
 }

@@ -23,7 +23,43 @@ pub enum LeaseEvent {
     /// before) is not moving until they recover.
     Trouble(String, BootInstant),
     /// The lease is gone, for this reason: stop the child now.
-    Lost(String),
+    Lost(LossReason),
+}
+
+/// Why a held lease is gone, as etcd's `ErrSessionExpired` names its one reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LossReason {
+    /// etcd answered a keepalive with TTL 0: the lease expired or was revoked.
+    Expired,
+    /// The stop time came before a renewal did.
+    NotRenewed,
+    /// A renewal granted this TTL (seconds), which the timing rules cannot work with.
+    TtlDoesNotFit(i64),
+    /// The own lock key was deleted.
+    KeyDeleted(String),
+    /// The own lock key now belongs to another holder (another create revision).
+    KeyReplaced(String),
+    /// A read found the own lock key missing.
+    KeyGone(String),
+    /// The local lock file was deleted or replaced; the text says how.
+    LockFile(String),
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossReason::Expired => f.write_str("etcd says the lease has expired (TTL 0)"),
+            LossReason::NotRenewed => f.write_str("no keepalive reply came before the stop time"),
+            LossReason::TtlDoesNotFit(ttl) => write!(
+                f,
+                "etcd renewed the lease with TTL {ttl}s, too short for the timing rules"
+            ),
+            LossReason::KeyDeleted(key) => write!(f, "lock key {key} was deleted"),
+            LossReason::KeyReplaced(key) => write!(f, "lock key {key} was replaced"),
+            LossReason::KeyGone(key) => write!(f, "lock key {key} is gone"),
+            LossReason::LockFile(why) => f.write_str(why),
+        }
+    }
 }
 
 /// A connection to the backend, before and while taking a lease.
@@ -139,7 +175,7 @@ impl Held {
             HeldInner::Local { lock, check } => loop {
                 check.tick().await;
                 if let Some(why) = lock.check() {
-                    return LeaseEvent::Lost(why);
+                    return LeaseEvent::Lost(LossReason::LockFile(why));
                 }
             },
             HeldInner::Etcd(held) => {
@@ -158,6 +194,34 @@ impl Held {
         match self.inner {
             HeldInner::Local { lock, .. } => lock.release(),
             HeldInner::Etcd(held) => held.release().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_reasons_name_what_happened() {
+        let key = "lw/job/1f".to_owned();
+        let cases = [
+            (LossReason::Expired, "expired (TTL 0)"),
+            (LossReason::NotRenewed, "before the stop time"),
+            (LossReason::TtlDoesNotFit(1), "TTL 1s"),
+            (LossReason::KeyDeleted(key.clone()), "lw/job/1f was deleted"),
+            (
+                LossReason::KeyReplaced(key.clone()),
+                "lw/job/1f was replaced",
+            ),
+            (LossReason::KeyGone(key), "lw/job/1f is gone"),
+            (
+                LossReason::LockFile("lock file replaced".into()),
+                "lock file replaced",
+            ),
+        ];
+        for (reason, says) in cases {
+            assert!(reason.to_string().contains(says), "{reason}");
         }
     }
 }

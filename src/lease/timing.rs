@@ -10,6 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::LossReason;
 use crate::clock::BootInstant;
 
 /// The timing options of one run, before a TTL is granted.
@@ -124,12 +125,13 @@ pub enum Next {
 }
 
 /// What a reply did to the lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// The deadline is now this instant.
     Extended(BootInstant),
-    /// The server says the lease is gone (TTL <= 0), or the reply came after the stop time.
-    Lost,
+    /// The server says the lease is gone (TTL <= 0), the reply came after the stop time, or it
+    /// granted a TTL the rules cannot work with.
+    Lost(LossReason),
     /// No request was in flight: a late or duplicate reply, which never moves the deadline.
     Ignored,
 }
@@ -214,8 +216,11 @@ impl Schedule {
         let Some(t_send) = self.in_flight.take() else {
             return Verdict::Ignored;
         };
-        if ttl_secs <= 0 || now >= self.stop_at() {
-            return Verdict::Lost;
+        if ttl_secs <= 0 {
+            return Verdict::Lost(LossReason::Expired);
+        }
+        if now >= self.stop_at() {
+            return Verdict::Lost(LossReason::NotRenewed);
         }
         if now >= self.reply_due(t_send) {
             self.failed(now);
@@ -224,12 +229,19 @@ impl Schedule {
         // A TTL the rules cannot work with (a server that shortened the lease) is not renewal.
         match self.params.effective(Duration::from_secs(ttl_secs as u64)) {
             Ok(timing) => self.timing = timing,
-            Err(_) => return Verdict::Lost,
+            Err(_) => return Verdict::Lost(LossReason::TtlDoesNotFit(ttl_secs)),
         }
         self.deadline = self.deadline.max(self.timing.deadline(t_send));
         self.next_send = t_send + self.timing.renew_every();
         self.failures = 0;
         Verdict::Extended(self.deadline)
+    }
+
+    /// The keepalive stream opened. The client sent its first keepalive and read the reply
+    /// itself, telling only that the lease lives (no TTL, no header), so it moves nothing: the
+    /// renewal is sent again at once on the open stream.
+    pub fn opened(&mut self) {
+        self.in_flight = None;
     }
 
     /// The request in flight failed or its reply is late (seen at `now`): retry at once, then
@@ -318,10 +330,10 @@ mod tests {
     fn a_reply_with_ttl_zero_or_less_means_stop_now() {
         let mut s = granted_at(0);
         s.sent(at(3_333));
-        assert_eq!(s.replied(at(3_400), 0), Verdict::Lost);
+        assert_eq!(s.replied(at(3_400), 0), Verdict::Lost(LossReason::Expired));
         let mut s = granted_at(0);
         s.sent(at(3_333));
-        assert_eq!(s.replied(at(3_400), -1), Verdict::Lost);
+        assert_eq!(s.replied(at(3_400), -1), Verdict::Lost(LossReason::Expired));
         assert_eq!(
             Schedule::granted(params(10), at(0), 0).unwrap_err(),
             GrantError::Expired
@@ -383,7 +395,10 @@ mod tests {
     fn a_reply_after_the_stop_time_is_lost_not_renewed() {
         let mut s = granted_at(0);
         s.sent(at(5_000));
-        assert_eq!(s.replied(s.stop_at(), 10), Verdict::Lost);
+        assert_eq!(
+            s.replied(s.stop_at(), 10),
+            Verdict::Lost(LossReason::NotRenewed)
+        );
     }
 
     #[test]

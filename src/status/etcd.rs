@@ -4,18 +4,18 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 
 use super::{Holder, LeaseStatus};
 use crate::config::EtcdConfig;
 use crate::error::Error;
-use crate::lease::etcd::{call_retrying, connect, tls_refusal};
+use crate::lease::etcd::client::Conn;
 
 const BACKEND: &str = "etcd";
 
 /// The lease `name`, or every lease under the prefix by name.
 pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error> {
-    let mut client = connect(cfg).await?;
+    let conn = Conn::dial(cfg).await?;
     let range = match name {
         Some(n) => format!("{}{n}/", cfg.prefix),
         None => cfg.prefix.clone(),
@@ -23,12 +23,12 @@ pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseSta
     let opts = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
-    let resp = call_retrying(cfg.dial_timeout, &client, |mut c| {
-        let (range, opts) = (range.clone(), opts.clone());
-        async move { c.get(range, Some(opts)).await }
-    })
-    .await
-    .map_err(|e| tls_refusal(cfg, e))?;
+    let resp = conn
+        .retrying(|mut c| {
+            let (range, opts) = (range.clone(), opts.clone());
+            async move { c.get(range, Some(opts)).await }
+        })
+        .await?;
     // Sorted by create revision, so the first key seen of a name is its owner.
     let mut queues: BTreeMap<&str, (&KeyValue, u64)> = BTreeMap::new();
     for kv in resp.kvs() {
@@ -38,7 +38,7 @@ pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseSta
     }
     let mut out = Vec::with_capacity(queues.len().max(1));
     for (n, (owner, keys)) in &queues {
-        out.push(held(&mut client, cfg, n, owner, keys - 1).await?);
+        out.push(held(&conn, n, owner, keys - 1).await?);
     }
     if let (Some(n), true) = (name, out.is_empty()) {
         out.push(LeaseStatus::free(n, BACKEND));
@@ -55,8 +55,7 @@ fn lease_name<'a>(prefix: &str, key: &'a [u8]) -> Option<&'a str> {
 }
 
 async fn held(
-    client: &mut Client,
-    cfg: &EtcdConfig,
+    conn: &Conn,
     name: &str,
     owner: &KeyValue,
     waiters: u64,
@@ -65,10 +64,9 @@ async fn held(
         // A key put without a lease stays until someone deletes it.
         0 => (None, None),
         id => {
-            let ttl = call_retrying(cfg.dial_timeout, client, |mut c| async move {
-                c.lease_time_to_live(id, None).await
-            })
-            .await?;
+            let ttl = conn
+                .retrying(|mut c| async move { c.lease_time_to_live(id, None).await })
+                .await?;
             // -1: the lease expired since the read; its key is gone with it.
             (Some(ttl.ttl().max(0)), Some(ttl.granted_ttl()))
         }

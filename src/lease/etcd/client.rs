@@ -1,0 +1,401 @@
+//! Talking to etcd: dialling, bounded and retried requests, the reading of transaction answers,
+//! and the one place that tells "etcd is unreachable" (69) from "etcd refused us" (77).
+//!
+//! Failures are sorted by their type and gRPC code, never by their text: an answer etcd gives
+//! (a gRPC status) is final unless its code says the member could not serve it; a transport or
+//! I/O failure is one endpoint's and may be tried on another; a TLS failure anywhere in the
+//! cause chain is a refusal. Nothing here knows of leases or processes.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, KeyValue, TlsOptions, Txn,
+    TxnOp, TxnOpResponse, TxnResponse,
+};
+use tokio::time::timeout;
+use tonic::Code;
+
+use crate::config::EtcdConfig;
+use crate::error::Error;
+
+/// A client and what sorting its failures needs: whether TLS is configured.
+#[derive(Clone)]
+pub struct Conn {
+    client: Client,
+    /// A connection closed by the peer is a TLS refusal only when TLS is on.
+    tls: bool,
+    /// Bound on each request ([`Conn::retrying`]): the dial timeout.
+    within: Duration,
+}
+
+impl Conn {
+    /// A client for every endpoint of `cfg` (it balances over them), authenticated when a user
+    /// is given. It connects lazily: unreachable endpoints show at the first request.
+    pub async fn dial(cfg: &EtcdConfig) -> Result<Conn, Error> {
+        Conn::dial_to(cfg, &cfg.endpoints).await
+    }
+
+    /// A client for these `endpoints` only, with the TLS, auth and dial settings of `cfg`.
+    pub async fn dial_to(cfg: &EtcdConfig, endpoints: &[String]) -> Result<Conn, Error> {
+        let tls = endpoints.iter().any(|u| u.starts_with("https://"));
+        let opts = connect_options(cfg);
+        let connect = async { Client::connect(endpoints, Some(opts)).await };
+        let client = bounded(cfg.dial_timeout, tls, connect).await?;
+        Ok(Conn {
+            client,
+            tls,
+            within: cfg.dial_timeout,
+        })
+    }
+
+    /// A handle on the client, for a request or a stream.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// One request, bounded by `within`, its failure sorted into the statuses of SPEC §3.
+    pub async fn call<T, Fut>(
+        &self,
+        within: Duration,
+        request: impl FnOnce(Client) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        bounded(within, self.tls, request(self.client())).await
+    }
+
+    /// [`Conn::retrying_within`] the dial timeout.
+    pub async fn retrying<T, Fut>(&self, request: impl Fn(Client) -> Fut) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.retrying_within(self.within, request).await
+    }
+
+    /// Like [`Conn::call`], but a failure that may be one endpoint's (refused, closed, no
+    /// answer) is tried again on a fresh handle, so that another endpoint can answer, until
+    /// `within` has passed.
+    pub async fn retrying_within<T, Fut>(
+        &self,
+        within: Duration,
+        request: impl Fn(Client) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let until = tokio::time::Instant::now() + within;
+        let mut last = None;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let e = match timeout(left, request(self.client())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                // Out of time: the last failure says more than the timeout does.
+                Err(_) => return Err(last.unwrap_or_else(|| no_answer(within))),
+            };
+            let failure = Failure::of(&e, self.tls);
+            if failure != Failure::Transient || left <= RETRY_PAUSE {
+                return Err(failure.into_error(&e));
+            }
+            last = Some(failure.into_error(&e));
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+}
+
+fn connect_options(cfg: &EtcdConfig) -> ConnectOptions {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(cfg.dial_timeout)
+        .with_keep_alive(Duration::from_secs(2), cfg.dial_timeout);
+    if cfg.ca.is_some() || cfg.identity.is_some() {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &cfg.ca {
+            tls = tls.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &cfg.identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        opts = opts.with_tls(tls);
+    }
+    if let Some((user, password)) = &cfg.auth {
+        opts = opts.with_user(user.clone(), password.clone());
+    }
+    opts
+}
+
+async fn bounded<T>(
+    within: Duration,
+    tls: bool,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Error> {
+    match timeout(within, request).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Failure::of(&e, tls).into_error(&e)),
+        Err(_) => Err(no_answer(within)),
+    }
+}
+
+fn no_answer(within: Duration) -> Error {
+    Error::Unavailable(format!("no answer within {within:?}"))
+}
+
+/// Pause between tries of a request that failed the way a dead endpoint fails.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// How a failed request failed, as far as the exit status and a retry are concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The member could not serve it (down, no leader, timed out): another one may (69).
+    Transient,
+    /// etcd answered and the answer stands, such as "lease not found" (69 before acquiring).
+    Final,
+    /// Credentials or certificates were refused (77).
+    Refused,
+}
+
+impl Failure {
+    /// The one decision, from the error's type and gRPC code and its cause chain. `tls`: TLS is
+    /// configured, so a connection the server closed is taken as a refusal (etcd 3.4 closes it
+    /// after the handshake when it wants a client certificate and got none).
+    pub fn of(e: &etcd_client::Error, tls: bool) -> Failure {
+        use etcd_client::Error as E;
+        let inner: Option<&(dyn StdError + 'static)> = match e {
+            E::GRpcStatus(s) => Some(s),
+            E::TransportError(t) => Some(t),
+            E::IoError(io) => Some(io),
+            _ => None,
+        };
+        let refused = |c: &(dyn StdError + 'static)| is_tls(c) || (tls && closed_by_peer(c));
+        if inner.is_some_and(|inner| causes(inner).any(refused)) {
+            return Failure::Refused;
+        }
+        match e {
+            E::TransportError(_) | E::IoError(_) => Failure::Transient,
+            E::GRpcStatus(s) => Failure::of_code(s.code()),
+            _ => Failure::Final,
+        }
+    }
+
+    /// etcd's codes (its `rpctypes`): a bad or expired token is Unauthenticated, a missing role
+    /// PermissionDenied, and a wrong password or an empty user name InvalidArgument, which no
+    /// other request of leasewrap's can earn. Unknown, DeadlineExceeded, Unavailable and
+    /// Cancelled mean this member could not serve the request now.
+    const fn of_code(code: Code) -> Failure {
+        match code {
+            Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument => {
+                Failure::Refused
+            }
+            Code::Unknown | Code::DeadlineExceeded | Code::Unavailable | Code::Cancelled => {
+                Failure::Transient
+            }
+            _ => Failure::Final,
+        }
+    }
+
+    fn into_error(self, e: &etcd_client::Error) -> Error {
+        match self {
+            Failure::Refused => Error::Auth(e.to_string()),
+            Failure::Transient | Failure::Final => Error::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// `e` and every error it was caused by, looking inside I/O errors too (their `source` skips
+/// the error they wrap).
+fn causes<'a>(
+    e: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    let mut next = Some(e);
+    std::iter::from_fn(move || {
+        let here = next?;
+        next = match here
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn StdError + 'static)),
+            None => here.source(),
+        };
+        Some(here)
+    })
+}
+
+/// A certificate or handshake failure.
+fn is_tls(e: &(dyn StdError + 'static)) -> bool {
+    e.downcast_ref::<rustls::Error>().is_some()
+}
+
+/// The server closed the connection under the request.
+fn closed_by_peer(e: &(dyn StdError + 'static)) -> bool {
+    e.downcast_ref::<hyper::Error>()
+        .is_some_and(|h| h.is_canceled() || h.is_closed() || h.is_incomplete_message())
+}
+
+/// The first key of each get of a transaction, in order.
+pub fn first_kvs(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The revision a response was read at, from its header.
+pub fn read_at(header: Option<&etcd_client::ResponseHeader>) -> i64 {
+    header.map_or(0, |h| h.revision())
+}
+
+/// What a transaction guarded by a lock key's create revision did.
+#[derive(Debug)]
+pub enum Guarded {
+    /// The lock key still had the token: the operations ran; their answers are here.
+    Applied(TxnResponse),
+    /// The lock key has another create revision, or none: nothing ran.
+    Refused { create_revision: Option<i64> },
+}
+
+/// Run `ops` in one transaction only while `lock_key`'s create revision is `token` (etcd's
+/// fencing: the holder's writes fail once another holder's key, or none, is there).
+pub async fn guarded_txn(
+    conn: &Conn,
+    lock_key: &str,
+    token: i64,
+    ops: Vec<TxnOp>,
+) -> Result<Guarded, Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(lock_key, CompareOp::Equal, token)])
+        .and_then(ops)
+        .or_else([TxnOp::get(lock_key, None)]);
+    let resp = conn
+        .retrying(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
+    if resp.succeeded() {
+        return Ok(Guarded::Applied(resp));
+    }
+    let create_revision = first_kvs(&resp)
+        .first()
+        .and_then(|kv| kv.as_ref().map(KeyValue::create_revision));
+    Ok(Guarded::Refused { create_revision })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn status(code: Code) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, "etcdserver: something"))
+    }
+
+    #[test]
+    fn refused_credentials_are_77() {
+        for code in [
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::InvalidArgument,
+        ] {
+            assert_eq!(
+                Failure::of(&status(code), false),
+                Failure::Refused,
+                "{code:?}"
+            );
+            assert!(matches!(
+                Failure::Refused
+                    .into_error(&status(code))
+                    .code(Default::default()),
+                77
+            ));
+        }
+    }
+
+    #[test]
+    fn a_member_that_cannot_serve_now_is_retried_elsewhere() {
+        for code in [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Unknown,
+            Code::Cancelled,
+        ] {
+            assert_eq!(
+                Failure::of(&status(code), false),
+                Failure::Transient,
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_such_as_lease_not_found_is_final_and_69() {
+        let e = status(Code::NotFound);
+        assert_eq!(Failure::of(&e, false), Failure::Final);
+        assert_eq!(Failure::Final.into_error(&e).code(Default::default()), 69);
+    }
+
+    #[test]
+    fn a_certificate_failure_under_an_unavailable_status_is_77() {
+        // As tonic reports it: UNAVAILABLE, caused by an I/O error wrapping rustls's.
+        let bad = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, bad);
+        let mut s = tonic::Status::new(Code::Unavailable, "invalid peer certificate");
+        s.set_source(Arc::new(io));
+        let e = etcd_client::Error::GRpcStatus(s);
+        assert_eq!(Failure::of(&e, true), Failure::Refused);
+        assert_eq!(Failure::of(&e, false), Failure::Refused);
+    }
+
+    /// A real connection: a listener that accepts and closes at once, as etcd 3.4 does with a
+    /// TLS client that brought no certificate.
+    fn closed_connection_error() -> etcd_client::Error {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                while let Ok((conn, _)) = listener.accept().await {
+                    drop(conn);
+                }
+            });
+            let mut c = Client::connect([format!("http://{addr}")], None)
+                .await
+                .unwrap();
+            c.get("k", None).await.unwrap_err()
+        })
+    }
+
+    #[test]
+    fn a_closed_connection_is_a_refusal_only_under_tls() {
+        let e = closed_connection_error();
+        assert_eq!(Failure::of(&e, true), Failure::Refused, "{e:?}");
+        assert_eq!(Failure::of(&e, false), Failure::Transient, "{e:?}");
+    }
+
+    #[test]
+    fn a_refused_connection_is_transient_even_under_tls() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(async {
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            let mut c = Client::connect([format!("http://{addr}")], None)
+                .await
+                .unwrap();
+            c.get("k", None).await.unwrap_err()
+        });
+        assert_eq!(Failure::of(&e, true), Failure::Transient, "{e:?}");
+    }
+}

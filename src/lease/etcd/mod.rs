@@ -1,0 +1,150 @@
+//! The etcd backend, in the layout of etcd's own `client/v3/concurrency` so that `--prefix ''`
+//! excludes `etcdctl lock NAME` and back:
+//!
+//! - [`client`]: dialling, bounded and retried requests, and telling 69 from 77;
+//! - [`session`]: the lease and the task that keeps it, following `timing::Schedule`;
+//! - [`mutex`]: the key queued behind the others, the wait for its turn, the own-key watch.
+//!
+//! This file ties them into taking and holding a lease. The fencing token is the own key's
+//! create revision. Nothing here touches a process, and nothing on the kill path waits for it.
+
+pub mod client;
+mod mutex;
+mod session;
+
+use std::time::Duration;
+
+use self::client::Conn;
+use self::mutex::{Queued, Turn};
+pub use self::session::KeeperState;
+use self::session::Session;
+use super::timing::Params;
+use crate::clock::BootInstant;
+use crate::config::EtcdConfig;
+use crate::error::Error;
+
+/// A dialled etcd and the lease being waited on, if any.
+pub struct Etcd {
+    conn: Conn,
+    cfg: EtcdConfig,
+    params: Params,
+    /// The session of the attempt in progress, so an abandoned wait can be undone.
+    session: Option<Session>,
+}
+
+/// A lease that is ours, as the run loop sees it.
+pub struct EtcdHeld {
+    conn: Conn,
+    session: Session,
+    queued: Queued,
+    /// Bound on the revoke at release.
+    release_within: Duration,
+}
+
+impl Etcd {
+    /// Dial etcd. The client connects lazily, so unreachable endpoints show at the first call;
+    /// with a user it authenticates here, and a refused password is status 77.
+    pub async fn connect(cfg: &EtcdConfig, params: Params) -> Result<Self, Error> {
+        Ok(Self {
+            conn: Conn::dial(cfg).await?,
+            cfg: cfg.clone(),
+            params,
+            session: None,
+        })
+    }
+
+    /// Take the lease `name`, queueing behind earlier holders when `block`. A waiter whose own
+    /// lease expires while queued starts over with a new lease: its child must not start.
+    pub async fn acquire(
+        &mut self,
+        name: &str,
+        record: &[u8],
+        block: bool,
+    ) -> Result<EtcdHeld, Error> {
+        loop {
+            let session = Session::grant(&self.conn, self.cfg.dial_timeout, self.params).await?;
+            let id = session.id();
+            let state = session.watch();
+            self.session = Some(session);
+            let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
+            let turn = match queued.owned {
+                true => Turn::Ours {
+                    read_at: queued.read_at,
+                },
+                false if !block => return Err(Error::Busy { name: name.into() }),
+                false => {
+                    tracing::info!(name = %name, token = queued.revision, "waiting for the lease");
+                    mutex::wait_turn(&self.conn, &self.cfg, name, &queued, state).await?
+                }
+            };
+            if let Turn::Ours { read_at } = turn {
+                if let Some(held) = self.confirm(queued, read_at) {
+                    return Ok(held);
+                }
+            }
+            tracing::warn!(name = %name, "own lease or key lost while acquiring: queueing again");
+            self.abandon().await;
+        }
+    }
+
+    /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not
+    /// re-check after a wait). The key was read at `read_at`, by the lock transaction itself when
+    /// there was no wait, else by the last look of the wait; `D` is checked now. Starts the
+    /// watch on the own key from that revision on.
+    fn confirm(&mut self, queued: Queued, read_at: i64) -> Option<EtcdHeld> {
+        let state = self.session.as_ref()?.now();
+        if state.lost.is_some() || BootInstant::now() >= state.stop_at {
+            return None;
+        }
+        let mut session = self.session.take()?;
+        let (client, key, revision) = (self.conn.client(), queued.key.clone(), queued.revision);
+        session.spawn(move |tx| mutex::watch_own_key(client, key, revision, read_at + 1, tx));
+        Some(EtcdHeld {
+            conn: self.conn.clone(),
+            session,
+            queued,
+            release_within: self.cfg.dial_timeout.min(Duration::from_secs(1)),
+        })
+    }
+
+    /// Undo an attempt: stop keeping its lease and revoke it, which deletes its key.
+    pub async fn abandon(&mut self) {
+        if let Some(session) = self.session.take() {
+            session.revoke(&self.conn, self.cfg.dial_timeout).await;
+        }
+    }
+}
+
+impl EtcdHeld {
+    pub fn token(&self) -> u64 {
+        self.queued.revision as u64
+    }
+
+    pub fn key(&self) -> &str {
+        &self.queued.key
+    }
+
+    pub fn lease_id(&self) -> i64 {
+        self.session.id()
+    }
+
+    pub fn deadline(&self) -> BootInstant {
+        self.session.now().deadline
+    }
+
+    /// Time between the stop signal and SIGKILL for the TTL etcd granted.
+    pub fn kill_after(&self) -> Duration {
+        let s = self.session.now();
+        s.stop_at.until(s.deadline)
+    }
+
+    /// The next change of the keeper state: a later `D`, trouble, or the loss. Cancel-safe.
+    pub async fn next_change(&mut self) -> KeeperState {
+        self.session.changed().await
+    }
+
+    /// Revoke the lease at once, so the next waiter starts within milliseconds.
+    pub async fn release(self) {
+        self.session.revoke(&self.conn, self.release_within).await;
+    }
+}
