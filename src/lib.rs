@@ -9,7 +9,10 @@
 //! - `clock`: CLOCK_BOOTTIME behind one small type.
 //! - `lease`: taking, keeping and giving back a lease on either backend; knows no processes.
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
-//! - `lease::etcd`: the etcd backend, in the layout of etcd's own mutex recipe.
+//! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.
+//! - `lease::etcd::client`: dialling, retries, telling 69 from 77, guarded transactions.
+//! - `lease::etcd::session`: the lease and the keeper task that renews it.
+//! - `lease::etcd::mutex`: queueing the lock key, waiting for the turn, the own-key watch.
 //! - `lease::local`: the flock backend.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
