@@ -254,24 +254,22 @@ pub fn env_fallbacks() -> Vec<String> {
     found
 }
 
-/// Parse `500ms`, `10s`, `1.5s`, `2m`, `1h`, or a bare number of seconds.
+/// Parse a duration as people write it: `500ms`, `1.5s`, `2m`, `1h30m`, `1h 30m`, `7d`, `2days`
+/// (humantime's units), or a bare number of seconds (`3`, `0.5`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (write it like 500ms, 10s, 1m)"))?;
-    let scale = match unit {
-        "ms" => 1e-3,
-        "" | "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(format!("{s:?} has an unknown unit (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(value * scale).map_err(|_| format!("{s:?} is out of range"))
+    let bare_seconds = !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && s.bytes().filter(|&b| b == b'.').count() <= 1;
+    if bare_seconds {
+        return s
+            .parse::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .ok_or_else(|| format!("{s:?} is not a duration (write it like 500ms, 10s, 1h30m, 7d)"));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration ({e}; write it like 500ms, 10s, 1h30m, 7d)"))
 }
 
 fn parse_duration_nonzero(s: &str) -> Result<Duration, String> {
@@ -310,14 +308,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_take_the_units_people_write() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        for bad in ["", "abc", "10x", "-1s", "1e3s", "s"] {
+    fn durations_that_parsed_before_humantime_still_parse_the_same() {
+        let ms = Duration::from_millis;
+        for (text, want) in [
+            ("500ms", ms(500)),
+            ("10s", ms(10_000)),
+            ("1.5s", ms(1500)),
+            ("2m", ms(120_000)),
+            ("1h", ms(3_600_000)),
+            ("3", ms(3000)),
+            ("0.5", ms(500)),
+            ("0", Duration::ZERO),
+            ("0s", Duration::ZERO),
+            (" 10s ", ms(10_000)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn durations_take_days_and_combined_units() {
+        let h = |n: u64| Duration::from_secs(n * 3600);
+        assert_eq!(parse_duration("1d"), Ok(h(24)));
+        assert_eq!(parse_duration("7d"), Ok(h(24 * 7)));
+        assert_eq!(parse_duration("2days"), Ok(h(48)));
+        assert_eq!(parse_duration("1h30m"), Ok(h(1) + Duration::from_secs(1800)));
+        assert_eq!(parse_duration("1h 30m"), Ok(h(1) + Duration::from_secs(1800)));
+    }
+
+    #[test]
+    fn nonsense_durations_are_refused() {
+        for bad in ["", "abc", "10x", "-1s", "1e3s", "s", "1..5", ".", "1.5.5s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
         assert!(parse_duration_nonzero("0s").is_err());
