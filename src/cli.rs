@@ -266,7 +266,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .parse::<f64>()
             .ok()
             .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-            .ok_or_else(|| format!("{s:?} is not a duration (write it like 500ms, 10s, 1h30m, 7d)"));
+            .ok_or_else(|| {
+                format!("{s:?} is not a duration (write it like 500ms, 10s, 1h30m, 7d)")
+            });
     }
     humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration ({e}; write it like 500ms, 10s, 1h30m, 7d)"))
@@ -332,8 +334,14 @@ mod tests {
         assert_eq!(parse_duration("1d"), Ok(h(24)));
         assert_eq!(parse_duration("7d"), Ok(h(24 * 7)));
         assert_eq!(parse_duration("2days"), Ok(h(48)));
-        assert_eq!(parse_duration("1h30m"), Ok(h(1) + Duration::from_secs(1800)));
-        assert_eq!(parse_duration("1h 30m"), Ok(h(1) + Duration::from_secs(1800)));
+        assert_eq!(
+            parse_duration("1h30m"),
+            Ok(h(1) + Duration::from_secs(1800))
+        );
+        assert_eq!(
+            parse_duration("1h 30m"),
+            Ok(h(1) + Duration::from_secs(1800))
+        );
     }
 
     #[test]

@@ -19,6 +19,9 @@
 //! - `supervise::protocol`: the fixed frames between leasewrap and the watchdog.
 //! - `supervise::tree`: finding, signalling and reaping every descendant.
 //! - `run`: the one loop that ties lease, child and signals together.
+//! - `runs`: once-per-run records (`runs::record`), the --once-per slot key (`runs::slot`), their
+//!   stores (`runs::local`, `runs::etcd`), whole-file writes (`runs::file`), the --metrics-file
+//!   textfile (`runs::metrics`).
 //! - `status`: `leasewrap status`, who holds what; the holder record.
 //! - `status::etcd`, `status::local`: what each backend stores, as status values.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
@@ -34,6 +37,7 @@ pub mod lease;
 pub mod log;
 pub mod notify;
 pub mod run;
+pub mod runs;
 pub mod status;
 pub mod supervise;
 

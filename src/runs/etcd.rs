@@ -1,0 +1,170 @@
+//! Run records on etcd: one key per (name, KEY), `PREFIX/runs/NAME/KEY`. Its first segment after
+//! the prefix is empty, a name no lease can have, so the key is never under a lock's queue prefix
+//! `PREFIX NAME/` (any key there would take part in the mutex). With `--prefix ''` that is
+//! `/runs/NAME/KEY`, which `etcdctl lock` touches only for a lock name starting with `/runs/`.
+//!
+//! A record is put in one transaction guarded by the writer's own lock key: it succeeds only
+//! while that key still has the writer's fencing token as its create revision, so a stale holder
+//! is refused. Each record is attached to a lease of its own with TTL --keep: etcd deletes it
+//! when that runs out, and nothing else ever deletes one.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::{RunRecord, Written};
+use crate::error::Error;
+use crate::lease::etcd::call_retrying;
+
+/// Where the records of `name` live.
+pub fn name_prefix(prefix: &str, name: &str) -> String {
+    format!("{prefix}/runs/{name}/")
+}
+
+/// The key of the record of (`name`, `key`).
+pub fn record_key(prefix: &str, name: &str, key: &str) -> String {
+    format!("{}{key}", name_prefix(prefix, name))
+}
+
+/// The record of (`name`, `key`), none before its first run. A value that is not such a record
+/// is a configuration error (78): it is never taken for "done".
+pub async fn read(
+    client: &Client,
+    within: Duration,
+    prefix: &str,
+    name: &str,
+    key: &str,
+) -> Result<Option<RunRecord>, Error> {
+    let at = record_key(prefix, name, key);
+    let resp = call_retrying(within, client, |mut c| {
+        let at = at.clone();
+        async move { c.get(at, None).await }
+    })
+    .await?;
+    resp.kvs()
+        .first()
+        .map(|kv| RunRecord::parse(kv.value(), name, key))
+        .transpose()
+        .map_err(|why| {
+            Error::Config(format!(
+                "run record {at} {why}: delete it by hand (etcdctl del), or use another --once KEY"
+            ))
+        })
+}
+
+/// Store `record` under the fencing token: only while `lock_key` has `token` as its create
+/// revision. The record gets a lease of TTL `keep`; the previous record's lease is revoked.
+pub async fn write(
+    client: &Client,
+    within: Duration,
+    prefix: &str,
+    lock: (&str, u64),
+    record: &RunRecord,
+    keep: Duration,
+) -> Result<Written, Error> {
+    let (lock_key, token) = lock;
+    let ttl = keep.as_secs_f64().ceil().max(1.0) as i64;
+    let grant = call_retrying(within, client, |mut c| async move {
+        c.lease_grant(ttl, None).await
+    })
+    .await?;
+    let at = record_key(prefix, &record.name, &record.key);
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            lock_key,
+            CompareOp::Equal,
+            token as i64,
+        )])
+        .and_then([
+            TxnOp::get(at.clone(), None),
+            TxnOp::put(
+                at,
+                record.to_json(),
+                Some(PutOptions::new().with_lease(grant.id())),
+            ),
+        ]);
+    let resp = call_retrying(within, client, |mut c| {
+        let txn = txn.clone();
+        async move { c.txn(txn).await }
+    })
+    .await?;
+    let unused = if resp.succeeded() {
+        previous_lease(&resp)
+    } else {
+        Some(grant.id())
+    };
+    if let Some(id) = unused {
+        revoke(client, within, id).await;
+    }
+    Ok(match resp.succeeded() {
+        true => Written::Stored,
+        false => Written::Refused(format!(
+            "lock key {lock_key} no longer has create revision {token}: a newer holder owns the lease"
+        )),
+    })
+}
+
+/// The lease of the record that the guarded put replaced, if it had one.
+fn previous_lease(resp: &etcd_client::TxnResponse) -> Option<i64> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()).filter(|&l| l != 0),
+        _ => None,
+    })
+}
+
+/// Give back a lease nothing needs; failing that, it runs out by its TTL (--keep) alone.
+async fn revoke(client: &Client, within: Duration, id: i64) {
+    let revoked = call_retrying(
+        within,
+        client,
+        |mut c| async move { c.lease_revoke(id).await },
+    )
+    .await;
+    if let Err(e) = revoked {
+        tracing::debug!(lease = format!("{id:x}"), error = %e, "revoking an unused record lease failed");
+    }
+}
+
+/// Every record of `name`, and the values there that are not records (with why), for `status`.
+pub async fn list(
+    client: &Client,
+    within: Duration,
+    prefix: &str,
+    name: &str,
+) -> Result<Vec<Result<RunRecord, String>>, Error> {
+    let under = name_prefix(prefix, name);
+    let resp = call_retrying(within, client, |mut c| {
+        let under = under.clone();
+        async move { c.get(under, Some(GetOptions::new().with_prefix())).await }
+    })
+    .await?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .map(|kv| {
+            let at = String::from_utf8_lossy(kv.key()).into_owned();
+            let key = at.strip_prefix(&under).unwrap_or(&at);
+            RunRecord::parse(kv.value(), name, key).map_err(|why| format!("{at} {why}"))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_never_under_a_locks_queue_prefix() {
+        for prefix in ["leasewrap/", "", "lw"] {
+            let at = record_key(prefix, "nightly", "2026-12-01T00:00:00Z");
+            // A lock's queue is PREFIX NAME/ for a valid (non-empty, '/'-free) NAME.
+            let rest = at.strip_prefix(prefix).unwrap();
+            let (first, _) = rest.split_once('/').unwrap();
+            assert!(crate::config::check_name(first).is_err(), "{at}");
+        }
+        assert_eq!(
+            record_key("leasewrap/", "nightly", "k"),
+            "leasewrap//runs/nightly/k"
+        );
+    }
+}
