@@ -155,6 +155,30 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 124)]
     pub lost_exit_code: u8,
 
+    /// Stop the child's whole tree after DUR (stop signal, --kill-after, SIGKILL), release the lease and exit 123
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub max_runtime: Option<Duration>,
+
+    /// Run COMMAND at most once successfully per KEY, across every host of the backend; a holder that finds KEY done starts nothing and exits with the conflict status
+    #[arg(long, value_name = "KEY", conflicts_with = "once_per")]
+    pub once: Option<String>,
+
+    /// As --once, with KEY the slot boundary nearest to the start time (UTC, RFC 3339): `--once-per 1d` runs once a day
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub once_per: Option<Duration>,
+
+    /// How long a run record is kept (with --once or --once-per)
+    #[arg(long, value_name = "DUR", default_value = "7d", value_parser = parse_duration)]
+    pub keep: Duration,
+
+    /// Give KEY up after N failed runs: later holders start nothing and exit with the conflict status [default: unlimited]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+
+    /// After every run or skip, replace PATH with a node_exporter textfile-collector file (name it *.prom)
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub conn: ConnArgs,
 

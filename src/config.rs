@@ -4,13 +4,14 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
 
 use crate::cli::{parse_duration, ConnArgs, RunArgs};
 use crate::error::{Error, ExitCodes};
 use crate::lease::timing::Params;
+use crate::runs::{check_key, file, slot, Once};
 
 /// Everything a run needs, checked.
 #[derive(Debug, Clone)]
@@ -29,6 +30,12 @@ pub struct Config {
     pub codes: ExitCodes,
     /// Which backend and how to reach it.
     pub backend: Backend,
+    /// With --once or --once-per: KEY, how long its record is kept, the attempt limit.
+    pub once: Option<Once>,
+    /// --max-runtime: the child's tree is stopped after this long.
+    pub max_runtime: Option<Duration>,
+    /// --metrics-file, in a folder that was writable at startup.
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// How long to wait for a lease someone else holds.
@@ -106,7 +113,7 @@ impl Config {
             margin: args.margin,
             drift: args.drift,
         };
-        params
+        let effective = params
             .effective(args.ttl)
             .map_err(|e| Error::Usage(e.to_string()))?;
         let wait = match (args.no_wait, args.wait) {
@@ -125,8 +132,70 @@ impl Config {
                 lost: args.lost_exit_code,
             },
             backend: backend(&args.conn, args.local_dir.as_deref(), env)?,
+            once: once(args, SystemTime::now())?,
+            max_runtime: max_runtime(args.max_runtime, effective.kill_after)?,
+            metrics_file: metrics_file(args.metrics_file.as_deref())?,
         })
     }
+}
+
+/// --once KEY, or the --once-per slot of `now`, with --keep and --max-attempts.
+fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
+    let key = match (&args.once, args.once_per) {
+        (Some(key), _) => {
+            check_key(key).map_err(Error::Usage)?;
+            key.clone()
+        }
+        (None, Some(per)) => {
+            slot::check_period(per).map_err(Error::Usage)?;
+            slot::slot_key(now, per)
+        }
+        (None, None) if args.max_attempts.is_some() => {
+            return Err(Error::Usage(
+                "--max-attempts counts the runs of a KEY: give --once KEY or --once-per DUR".into(),
+            ))
+        }
+        (None, None) => return Ok(None),
+    };
+    if args.keep < Duration::from_secs(1) {
+        return Err(Error::Usage(format!(
+            "--keep {:?} is too short: run records are kept for 1s at least",
+            args.keep
+        )));
+    }
+    Ok(Some(Once {
+        key,
+        keep: args.keep,
+        max_attempts: args.max_attempts,
+    }))
+}
+
+/// --max-runtime must leave the child its --kill-after to stop in.
+fn max_runtime(limit: Option<Duration>, kill_after: Duration) -> Result<Option<Duration>, Error> {
+    match limit {
+        Some(d) if d.is_zero() => Err(Error::Usage("--max-runtime must be more than zero".into())),
+        Some(d) if d <= kill_after => Err(Error::Usage(format!(
+            "--max-runtime {d:?} is too short: it must be longer than --kill-after ({kill_after:?}), the time the child is given to stop"
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// --metrics-file must name a file in a folder where one can be made now.
+fn metrics_file(path: Option<&Path>) -> Result<Option<PathBuf>, Error> {
+    let Some(path) = path else { return Ok(None) };
+    let bad = |why: String| Error::Usage(format!("--metrics-file {}: {why}", path.display()));
+    let names_a_file =
+        path.file_name().is_some() && !path.as_os_str().as_encoded_bytes().ends_with(b"/");
+    if !names_a_file {
+        return Err(bad(
+            "does not name a file (give one like /var/lib/node_exporter/textfile/job.prom)".into(),
+        ));
+    }
+    let dir = file::parent(path);
+    file::check_writable(path)
+        .map_err(|e| bad(format!("cannot write in {}: {e}", dir.display())))?;
+    Ok(Some(path.to_owned()))
 }
 
 fn child_argv(args: &RunArgs) -> Result<Vec<OsString>, Error> {
@@ -541,5 +610,66 @@ mod tests {
             panic!("accepted")
         };
         assert!(msg.contains("TTL/3 (0.667s)"), "{msg}");
+    }
+
+    #[test]
+    fn once_options_with_bad_values_are_usage_errors() {
+        let long = "k".repeat(129);
+        let cases: &[&[&str]] = &[
+            &["--once", ""],
+            &["--once", "a/b"],
+            &["--once", "bell\u{7}"],
+            &["--once", &long],
+            &["--once-per", "0"],
+            &["--once-per", "-1s"],
+            &["--once-per", "500ms"],
+            &["--once", "k", "--once-per", "1h"],
+            &["--once", "k", "--max-attempts", "0"],
+            &["--max-attempts", "2"],
+            &["--once", "k", "--keep", "0"],
+            &["--max-runtime", "0"],
+            &["--max-runtime", "1s", "--kill-after", "1s"],
+            &["--metrics-file", "/nonexistent/dir/job.prom"],
+            &["--metrics-file", "/tmp/"],
+        ];
+        for extra in cases {
+            let args: Vec<&str> = ["--local-dir", "/tmp"]
+                .iter()
+                .chain(extra.iter())
+                .chain(["--", "true"].iter())
+                .copied()
+                .collect();
+            assert!(
+                matches!(parse(&args, &[]), Err(Error::Usage(_))),
+                "{extra:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn once_per_gives_a_slot_key_and_keep_defaults_to_seven_days() {
+        let c = parse(
+            &["--local-dir", "/tmp", "--once-per", "1h", "--", "true"],
+            &[],
+        )
+        .unwrap();
+        let once = c.once.unwrap();
+        assert!(once.key.ends_with(":00:00Z"), "{}", once.key);
+        assert_eq!(once.keep, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(once.max_attempts, None);
+        let c = parse(
+            &[
+                "--local-dir",
+                "/tmp",
+                "--max-runtime",
+                "1h30m",
+                "--",
+                "true",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.max_runtime, Some(Duration::from_secs(5400)));
+        assert_eq!(c.once, None);
     }
 }

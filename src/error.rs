@@ -46,6 +46,21 @@ pub enum Error {
     StaleToken { given: u64, seen: String },
     #[error("interrupted by {0} while waiting for the lease; nothing was started")]
     Interrupted(nix::sys::signal::Signal),
+    /// `by` says who ran KEY and when, as in "host web2, token 41, ended 2026-12-01T02:00:31Z".
+    #[error("KEY {key:?} of {name:?} already ran ({by}); nothing was started")]
+    Done {
+        name: String,
+        key: String,
+        by: String,
+    },
+    #[error("KEY {key:?} of {name:?} was given up after {attempts} runs (--max-attempts); nothing was started")]
+    GaveUp {
+        name: String,
+        key: String,
+        attempts: u32,
+    },
+    #[error("the child of {name:?} ran past --max-runtime {after}; its whole tree was stopped")]
+    TimedOut { name: String, after: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -56,7 +71,11 @@ impl Error {
         match self {
             Error::Usage(_) => 64,
             Error::Config(_) => 78,
-            Error::Busy { .. } | Error::WaitTimedOut { .. } => codes.conflict,
+            Error::Busy { .. }
+            | Error::WaitTimedOut { .. }
+            | Error::Done { .. }
+            | Error::GaveUp { .. } => codes.conflict,
+            Error::TimedOut { .. } => 123,
             Error::Lost { .. } => codes.lost,
             Error::Unavailable(_) => 69,
             Error::Auth(_) => 77,
@@ -91,12 +110,16 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ("73", "fenced-write or fenced-put refused a stale fencing token"),
     (
         "75",
-        "the lease is held (--no-wait) or the wait ran out (--wait); --conflict-exit-code changes it",
+        "the lease is held (--no-wait) or the wait ran out (--wait), or with --once KEY is done or given up (--max-attempts): nothing was started; --conflict-exit-code changes it",
     ),
     ("77", "etcd refused the authentication or the TLS handshake"),
     (
         "78",
         "bad configuration: a certificate or password file is unreadable, or the local directory or a lock file cannot be made or opened",
+    ),
+    (
+        "123",
+        "--max-runtime ran out: the child's whole tree was stopped and the lease released",
     ),
     (
         "124",
@@ -131,7 +154,10 @@ mod tests {
             Error::NotExecutable(_) => 8,
             Error::StaleToken { .. } => 9,
             Error::Interrupted(_) => 10,
-            Error::Internal(_) => 11,
+            Error::Done { .. } => 11,
+            Error::GaveUp { .. } => 12,
+            Error::TimedOut { .. } => 13,
+            Error::Internal(_) => 14,
         }
     }
 
@@ -159,12 +185,26 @@ mod tests {
                 seen: String::new(),
             },
             Error::Interrupted(Signal::SIGTERM),
+            Error::Done {
+                name: "x".into(),
+                key: "k".into(),
+                by: String::new(),
+            },
+            Error::GaveUp {
+                name: "x".into(),
+                key: "k".into(),
+                attempts: 2,
+            },
+            Error::TimedOut {
+                name: "x".into(),
+                after: String::new(),
+            },
             Error::Internal(String::new()),
         ];
         let covered: Vec<usize> = all.iter().map(variant).collect();
         assert_eq!(
             covered,
-            (0..=11).collect::<Vec<_>>(),
+            (0..=14).collect::<Vec<_>>(),
             "one example of each variant"
         );
         for e in all {

@@ -19,9 +19,13 @@
 //! - `supervise::protocol`: the fixed frames between leasewrap and the watchdog.
 //! - `supervise::tree`: finding, signalling and reaping every descendant.
 //! - `run`: the one loop that ties lease, child and signals together.
-//! - `runs`: once-per-run records (`runs::record`), the --once-per slot key (`runs::slot`), their
-//!   stores (`runs::local`, `runs::etcd`), whole-file writes (`runs::file`), the --metrics-file
-//!   textfile (`runs::metrics`).
+//! - `runs`: once per scheduled run (--once, --once-per, --metrics-file); starts nothing.
+//! - `runs::record`: the run record, its outcomes, and the decision taken from it (pure).
+//! - `runs::slot`: the --once-per slot key (pure).
+//! - `runs::book`: what one invocation reads, records and reports; the run loop's three calls.
+//! - `runs::local`, `runs::etcd`: where each backend keeps the records, written under the token.
+//! - `runs::file`: whole-file replacement without following symlinks.
+//! - `runs::metrics`: the node_exporter textfile.
 //! - `status`: `leasewrap status`, who holds what; the holder record.
 //! - `status::etcd`, `status::local`: what each backend stores, as status values.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.

@@ -13,6 +13,7 @@ use crate::config::{Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
 use crate::lease::{Held, LeaseEvent, Lessor};
 use crate::notify::Notifier;
+use crate::runs::book::Book;
 use crate::status::Holder;
 use crate::supervise::protocol::ToWatchdog;
 use crate::supervise::{self, ChildSpec, Event, Exit, Supervisor};
@@ -50,8 +51,15 @@ impl Signals {
     }
 }
 
-/// Run the child of `cfg` under its lease.
+/// Run the child of `cfg` under its lease, and account for it (--once, --metrics-file).
 pub async fn run(cfg: &Config) -> Result<Exit, Error> {
+    let mut book = Book::open(cfg);
+    let ended = run_in(cfg, &mut book).await;
+    book.close(&ended);
+    ended
+}
+
+async fn run_in(cfg: &Config, book: &mut Book<'_>) -> Result<Exit, Error> {
     let program = supervise::resolve(&cfg.command[0])?;
     let mut signals = Signals::new()?;
     let notifier = Notifier::from_env();
@@ -65,10 +73,16 @@ pub async fn run(cfg: &Config) -> Result<Exit, Error> {
     let mut lessor = Lessor::connect(cfg).await?;
     notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
+    if let Err(skip) = book.before_start(&held).await {
+        held.release().await;
+        return Err(skip);
+    }
     let env = lease_env(cfg, &held);
     sup.start(&env, held.kill_after, held.deadline, held.keep_fd());
+    book.child_started();
     info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
+    let outcome = book.after_run(&held, outcome).await;
     notifier.send("STOPPING=1");
     let token = held.token;
     held.release().await;
@@ -99,11 +113,13 @@ async fn acquire(cfg: &Config, lessor: &mut Lessor, signals: &mut Signals) -> Re
     result
 }
 
-/// What the lost lease and the child's end add up to.
+/// What the lost lease, --max-runtime and the child's end add up to.
 #[derive(Default)]
 struct Ending {
     /// Why the lease was lost, if it was.
     lost: Option<String>,
+    /// Whether --max-runtime ran out and the child's tree is being stopped.
+    timed_out: bool,
 }
 
 impl Ending {
@@ -111,6 +127,34 @@ impl Ending {
     fn lose(&mut self, cfg: &Config, token: u64, why: String) {
         error!(name = %cfg.name, token, reason = %why, "lease lost: stopping the child");
         self.lost = Some(why);
+    }
+
+    /// --max-runtime ran out: stop the whole tree as for a lost lease, keeping the lease.
+    fn time_out(&mut self, cfg: &Config, token: u64, sup: &mut Supervisor) {
+        error!(name = %cfg.name, token, max_runtime = ?cfg.max_runtime.unwrap_or_default(), "--max-runtime ran out: stopping the child");
+        sup.send(ToWatchdog::Stop);
+        self.timed_out = true;
+    }
+
+    /// How leasewrap ends once the child's tree is gone.
+    fn finish(&mut self, cfg: &Config, exit: Exit) -> Result<Exit, Error> {
+        let name = cfg.name.clone();
+        match (self.lost.take(), self.timed_out) {
+            (Some(why), _) => Err(Error::Lost { name, why }),
+            (None, true) => Err(Error::TimedOut {
+                name,
+                after: format!("{:?}", cfg.max_runtime.unwrap_or_default()),
+            }),
+            (None, false) => Ok(exit),
+        }
+    }
+}
+
+/// Done when --max-runtime has passed since the child was started; never without it.
+async fn runtime_limit(limit: Option<std::time::Duration>) {
+    match limit {
+        Some(d) => tokio::time::sleep(d).await,
+        None => pending().await,
     }
 }
 
@@ -123,6 +167,8 @@ async fn hold(
     notifier: &Notifier,
 ) -> Result<Exit, Error> {
     let mut ending = Ending::default();
+    let limit = runtime_limit(cfg.max_runtime);
+    tokio::pin!(limit);
     loop {
         tokio::select! {
             biased;
@@ -134,6 +180,7 @@ async fn hold(
             }
             sig = signals.recv() => on_signal(sup, sig),
             ev = held.next_event(), if ending.lost.is_none() => on_lease(cfg, held.token, sup, ev, &mut ending),
+            () = &mut limit, if !ending.timed_out => ending.time_out(cfg, held.token, sup),
         }
     }
 }
@@ -155,13 +202,7 @@ fn on_child(
             }
             None
         }
-        Event::Exited(exit) => Some(match ending.lost.take() {
-            Some(why) => Err(Error::Lost {
-                name: cfg.name.clone(),
-                why,
-            }),
-            None => Ok(exit),
-        }),
+        Event::Exited(exit) => Some(ending.finish(cfg, exit)),
         Event::SpawnFailed(e) => Some(Err(e)),
         Event::WatchdogDied => Some(Err(Error::Internal(
             "the watchdog died: the child's whole process tree was killed".into(),

@@ -160,6 +160,23 @@ impl Lessor {
 }
 
 impl Held {
+    /// The etcd client of this lease, for writes guarded by its lock key; none on local.
+    pub fn etcd_client(&self) -> Option<&etcd_client::Client> {
+        match &self.inner {
+            HeldInner::Etcd(held) => Some(held.client()),
+            HeldInner::Local { .. } => None,
+        }
+    }
+
+    /// Why the local lock is no longer ours, if its file was removed or replaced. etcd's check
+    /// is the guard of the transaction that writes under the token.
+    pub fn local_check(&self) -> Result<(), String> {
+        match &self.inner {
+            HeldInner::Local { lock, .. } => lock.check().map_or(Ok(()), Err),
+            HeldInner::Etcd(_) => Ok(()),
+        }
+    }
+
     /// What the watchdog must hold open while the child's tree lives: the local lock file, whose
     /// lock the kernel would otherwise hand on the moment leasewrap dies.
     pub fn keep_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

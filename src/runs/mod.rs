@@ -9,6 +9,20 @@ pub mod record;
 pub mod slot;
 
 pub use record::{check_key, Decision, Outcome, Run, RunRecord};
+
+use std::time::Duration;
+
+/// What --once or --once-per asks for, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Once {
+    /// The KEY whose success is recorded: given, or the --once-per slot of the start time.
+    pub key: String,
+    /// How long its record is kept (--keep).
+    pub keep: Duration,
+    /// Runs of KEY after which it is given up (--max-attempts); none: never.
+    pub max_attempts: Option<u32>,
+}
+pub mod book;
 pub mod etcd;
 pub mod local;
 

@@ -1,0 +1,234 @@
+//! What one invocation does about --once and --metrics-file: before the child starts, read KEY's
+//! record and decide; after it ends, record the run under the fencing token; at the very end,
+//! write the metrics file. The run loop calls these three steps and knows nothing else of runs.
+
+use std::time::SystemTime;
+
+use super::metrics::{self, Sample};
+use super::record::{unix_seconds, Decision, Outcome, Run, RunRecord};
+use super::{etcd, local, Once, Written};
+use crate::config::{Backend, Config};
+use crate::error::Error;
+use crate::lease::Held;
+use crate::supervise::Exit;
+
+/// The account of one invocation.
+pub struct Book<'a> {
+    cfg: &'a Config,
+    /// When leasewrap started.
+    start: SystemTime,
+    /// The token held, once the lease was taken.
+    token: Option<u64>,
+    /// When the child was started, if it was.
+    child_start: Option<SystemTime>,
+    /// KEY's record as read before the child started.
+    prior: Option<RunRecord>,
+    /// KEY's record as it stands at the end: the one written, or the prior one.
+    now: Option<RunRecord>,
+}
+
+impl<'a> Book<'a> {
+    /// Open the account as leasewrap starts.
+    pub fn open(cfg: &'a Config) -> Self {
+        Book {
+            cfg,
+            start: SystemTime::now(),
+            token: None,
+            child_start: None,
+            prior: None,
+            now: None,
+        }
+    }
+
+    /// The lease is ours: with --once, read KEY's record; an error ends the invocation before
+    /// anything starts (KEY done or given up, a record that is not ours, etcd failing).
+    pub async fn before_start(&mut self, held: &Held) -> Result<(), Error> {
+        self.token = Some(held.token);
+        let Some(once) = &self.cfg.once else {
+            return Ok(());
+        };
+        self.prior = read(self.cfg, once, held).await?;
+        self.now.clone_from(&self.prior);
+        let Some(prior) = &self.prior else {
+            return Ok(());
+        };
+        let (name, key) = (self.cfg.name.clone(), once.key.clone());
+        match Decision::of(Some(prior), once.max_attempts) {
+            Decision::Run => Ok(()),
+            Decision::Done => Err(Error::Done {
+                name,
+                key,
+                by: ran_by(prior),
+            }),
+            Decision::GaveUp => Err(Error::GaveUp {
+                name,
+                key,
+                attempts: prior.attempts,
+            }),
+        }
+    }
+
+    /// The child is being started now.
+    pub fn child_started(&mut self) {
+        self.child_start = Some(SystemTime::now());
+    }
+
+    /// The child's tree is gone and the lease still ours: with --once, record how the run went.
+    /// A success that cannot be recorded is not one: the lease was lost, or the write failed.
+    pub async fn after_run(
+        &mut self,
+        held: &Held,
+        ended: Result<Exit, Error>,
+    ) -> Result<Exit, Error> {
+        let (Some(once), Some(start)) = (&self.cfg.once, self.child_start) else {
+            return ended;
+        };
+        // A lost lease's token can write nothing; trying would only delay the exit.
+        if matches!(ended, Err(Error::Lost { .. })) {
+            return ended;
+        }
+        let run = run_of(held.token, start, &ended);
+        let record = run.record(&self.cfg.name, &once.key, self.prior.as_ref(), once.keep);
+        let success = run.outcome == Outcome::RanOk;
+        match write(self.cfg, once, held, &record).await {
+            Ok(Written::Stored) => {
+                self.now = Some(record);
+                ended
+            }
+            Ok(Written::Refused(why)) if success => Err(Error::Lost {
+                name: self.cfg.name.clone(),
+                why: format!("the success of KEY {:?} was not recorded: {why}", once.key),
+            }),
+            Ok(Written::Refused(why)) => {
+                tracing::warn!(name = %self.cfg.name, key = %once.key, reason = %why, "the failed run's record was refused");
+                ended
+            }
+            Err(e) if success => Err(e),
+            Err(e) => {
+                tracing::warn!(name = %self.cfg.name, key = %once.key, error = %e, "the failed run could not be recorded");
+                ended
+            }
+        }
+    }
+
+    /// The invocation is over: write the metrics file, if asked for, for a run or a skip.
+    pub fn close(&self, ended: &Result<Exit, Error>) {
+        let Some(path) = &self.cfg.metrics_file else {
+            return;
+        };
+        let Some(outcome) = self.outcome(ended) else {
+            return;
+        };
+        let end = SystemTime::now();
+        let duration = self.child_start.map_or(0.0, |s| {
+            end.duration_since(s).unwrap_or_default().as_secs_f64()
+        });
+        let sample = Sample {
+            name: &self.cfg.name,
+            outcome,
+            start: unix_seconds(self.start),
+            end: unix_seconds(end),
+            duration,
+            exit_status: self.child_start.and(status_of(ended)),
+            token: self.token,
+            once: self
+                .cfg
+                .once
+                .as_ref()
+                .map(|o| (o.key.as_str(), self.now.as_ref())),
+        };
+        if let Err(e) = metrics::write(path, &sample) {
+            tracing::warn!(path = %path.display(), error = %e, "writing the metrics file failed");
+        }
+    }
+
+    /// The outcome to report; none for an invocation that neither ran nor skipped (bad input,
+    /// etcd unreachable, a signal while waiting).
+    fn outcome(&self, ended: &Result<Exit, Error>) -> Option<Outcome> {
+        let skipped = match ended {
+            Err(Error::Busy { .. } | Error::WaitTimedOut { .. }) => Some(Outcome::SkippedBusy),
+            Err(Error::Done { .. }) => Some(Outcome::SkippedDone),
+            Err(Error::GaveUp { .. }) => Some(Outcome::GaveUp),
+            _ => None,
+        };
+        match self.child_start {
+            Some(_) => Some(outcome_of(ended)),
+            None => skipped,
+        }
+    }
+}
+
+/// How a run ended, for its record.
+fn run_of(token: u64, start: SystemTime, ended: &Result<Exit, Error>) -> Run {
+    Run {
+        token,
+        start,
+        end: SystemTime::now(),
+        outcome: outcome_of(ended),
+        exit_status: match ended {
+            Ok(Exit::Code(c)) => Some((*c).into()),
+            _ => None,
+        },
+        signal: match ended {
+            Ok(Exit::Signal(s)) => Some(s.as_str().to_owned()),
+            _ => None,
+        },
+    }
+}
+
+/// The outcome of an invocation whose child was started.
+fn outcome_of(ended: &Result<Exit, Error>) -> Outcome {
+    match ended {
+        Ok(Exit::Code(0)) => Outcome::RanOk,
+        Err(Error::Lost { .. }) => Outcome::Lost,
+        Err(Error::TimedOut { .. }) => Outcome::TimedOut,
+        _ => Outcome::Failed,
+    }
+}
+
+/// The child's status as a shell shows it (128+n for signal n); none when it is not known.
+fn status_of(ended: &Result<Exit, Error>) -> Option<i32> {
+    match ended {
+        Ok(Exit::Code(c)) => Some((*c).into()),
+        Ok(Exit::Signal(s)) => Some(128 + *s as i32),
+        Err(_) => None,
+    }
+}
+
+/// Who ran KEY and when, for the log line of a skip.
+fn ran_by(r: &RunRecord) -> String {
+    let end = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(r.end.max(0.0));
+    format!(
+        "host {}, pid {}, token {}, ended {}",
+        r.host,
+        r.pid,
+        r.token,
+        humantime::format_rfc3339_seconds(end)
+    )
+}
+
+async fn read(cfg: &Config, once: &Once, held: &Held) -> Result<Option<RunRecord>, Error> {
+    match (&cfg.backend, held.etcd_client()) {
+        (Backend::Etcd(e), Some(client)) => {
+            etcd::read(client, e.dial_timeout, &e.prefix, &cfg.name, &once.key).await
+        }
+        (Backend::Local { dir }, _) => local::read(dir, &cfg.name, &once.key),
+        (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),
+    }
+}
+
+async fn write(
+    cfg: &Config,
+    once: &Once,
+    held: &Held,
+    record: &RunRecord,
+) -> Result<Written, Error> {
+    match (&cfg.backend, held.etcd_client()) {
+        (Backend::Etcd(e), Some(client)) => {
+            let lock = (held.key.as_str(), held.token);
+            etcd::write(client, e.dial_timeout, &e.prefix, lock, record, once.keep).await
+        }
+        (Backend::Local { dir }, _) => local::write(dir, record, || held.local_check()),
+        (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),
+    }
+}
