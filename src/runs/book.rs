@@ -95,10 +95,14 @@ impl<'a> Book<'a> {
                 self.now = Some(record);
                 ended
             }
-            Ok(Written::Refused(why)) if success => Err(Error::Lost {
-                name: self.cfg.name.clone(),
-                why: format!("the success of KEY {:?} was not recorded: {why}", once.key),
-            }),
+            Ok(Written::Refused(why)) if success => {
+                let why = format!("the success of KEY {:?} was not recorded: {why}", once.key);
+                tracing::error!(name = %self.cfg.name, token = held.token, reason = %why, "lease lost");
+                Err(Error::Lost {
+                    name: self.cfg.name.clone(),
+                    why,
+                })
+            }
             Ok(Written::Refused(why)) => {
                 tracing::warn!(name = %self.cfg.name, key = %once.key, reason = %why, "the failed run's record was refused");
                 ended

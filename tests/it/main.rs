@@ -8,6 +8,7 @@
 //! - `fence`: fenced-write and fenced-put (SPEC §7).
 //! - `harness`: the harness itself (etcd servers, TLS, auth, cluster, proxy).
 //! - `local`: the local backend (flock + token file).
+//! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
 
 #[path = "../support/mod.rs"]
@@ -18,4 +19,5 @@ mod etcd;
 mod fence;
 mod harness;
 mod local;
+mod once;
 mod operating;

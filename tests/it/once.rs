@@ -1,0 +1,641 @@
+//! Once per scheduled run (SPEC §10): `--once`, `--once-per`, `--max-attempts`, `--max-runtime`
+//! and `--metrics-file`, against the local backend and real etcd 3.4 and 3.5.
+//!
+//! Every behaviour that depends on the backend runs on all three: the body is `fn name(on: On)`
+//! and `on_every_backend!` makes `name::local`, `name::etcd_3_4` and `name::etcd_3_5`. The
+//! "hosts" of a fleet are leasewrap processes sharing one backend (one local directory, or one
+//! etcd prefix). Jobs append a line to the fleet's `runs` file, so the number of runs is the
+//! number of lines. Waits are bounded and wait for exits, files and process states; the only
+//! fixed pauses are the 40 ms between the five hosts' starts, which is the scenario itself.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::support::etcd::{self, Version};
+use crate::support::*;
+
+/// Where a fleet keeps its lease and its run records.
+#[derive(Clone, Copy, Debug)]
+enum On {
+    Local,
+    Etcd(Version),
+}
+
+/// `fn NAME(on: On)` becomes `NAME::local`, `NAME::etcd_3_4` and `NAME::etcd_3_5`.
+macro_rules! on_every_backend {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn local() {
+                super::$name(super::On::Local)
+            }
+            #[test]
+            fn etcd_3_4() {
+                super::$name(super::On::Etcd(super::Version::V3_4))
+            }
+            #[test]
+            fn etcd_3_5() {
+                super::$name(super::On::Etcd(super::Version::V3_5))
+            }
+        }
+    )+};
+}
+
+on_every_backend!(
+    five_hosts_40ms_apart_run_the_job_once_with_no_wait_and_with_wait,
+    a_failed_run_is_retried_by_the_next_holder_and_then_skipped,
+    after_the_holder_is_sigkilled_a_waiter_runs_key_and_the_dead_run_records_nothing,
+    max_attempts_2_gives_up_after_two_failed_runs,
+    max_runtime_stops_a_tree_that_ignores_sigterm_and_forks_a_daemon,
+    bad_once_input_exits_64_with_one_line_and_acquires_nothing,
+    a_foreign_record_exits_78_and_runs_nothing,
+);
+
+/// The lease TTL of these tests: etcd's minimum, so a SIGKILLed holder's lease runs out soon.
+const TTL: &str = "2s";
+
+/// One lease name on one backend, and the hosts that share it.
+struct Fleet {
+    on: On,
+    sandbox: Sandbox,
+    /// The etcd key prefix of this fleet; unused on the local backend.
+    prefix: String,
+    name: &'static str,
+}
+
+impl Fleet {
+    fn new(on: On, name: &'static str) -> Fleet {
+        Fleet {
+            on,
+            sandbox: Sandbox::new(),
+            prefix: etcd::unique_prefix(name),
+            name,
+        }
+    }
+
+    /// A leasewrap on this fleet's backend and name, with `--ttl 2s`.
+    fn lw(&self) -> Leasewrap {
+        let lw = match self.on {
+            On::Local => self.sandbox.leasewrap(),
+            On::Etcd(v) => Leasewrap::new().on_etcd(&etcd::shared(v).endpoint(), &self.prefix),
+        };
+        lw.name(self.name).args(&["--ttl", TTL])
+    }
+
+    /// The file every job appends a line to.
+    fn runs_file(&self) -> PathBuf {
+        self.sandbox.path("runs")
+    }
+
+    /// A job that appends `line` (expanded by the shell) to the runs file, sleeps 20 ms and
+    /// exits `code`.
+    fn job(&self, line: &str, code: i32) -> Vec<String> {
+        let script = format!(
+            "echo \"{line}\" >> {}; sleep 0.02; exit {code}",
+            q(&self.runs_file())
+        );
+        vec!["sh".into(), "-c".into(), script]
+    }
+
+    /// The lines the jobs wrote.
+    fn runs(&self) -> Vec<String> {
+        let text = fs::read_to_string(self.runs_file()).unwrap_or_default();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// The run record of `key` as the backend stores it, at the documented place.
+    fn record(&self, key: &str) -> Option<Value> {
+        let text = match self.on {
+            On::Local => {
+                let path = self
+                    .sandbox
+                    .state()
+                    .join(format!("runs/{}/{key}.json", self.name));
+                fs::read_to_string(path).ok()?
+            }
+            On::Etcd(v) => {
+                let at = format!("{}/runs/{}/{key}", self.prefix, self.name);
+                let value = etcd::shared(v).etcdctl_ok(&["get", "--print-value-only", &at]);
+                Some(value).filter(|v| !v.trim().is_empty())?
+            }
+        };
+        Some(serde_json::from_str(&text).expect("a run record is JSON"))
+    }
+
+    /// Where a foreign value for `key` goes, written by hand.
+    fn plant_record(&self, key: &str, value: &str) {
+        match self.on {
+            On::Local => {
+                let dir = self.sandbox.state().join(format!("runs/{}", self.name));
+                fs::create_dir_all(&dir).unwrap();
+                fs::write(dir.join(format!("{key}.json")), value).unwrap();
+            }
+            On::Etcd(v) => {
+                let at = format!("{}/runs/{}/{key}", self.prefix, self.name);
+                etcd::shared(v).etcdctl_ok(&["put", &at, value]);
+            }
+        }
+    }
+
+    /// What the backend holds for this fleet's name: lock keys or lock and token files.
+    fn lease_state(&self) -> Vec<String> {
+        match self.on {
+            On::Local => fs::read_dir(self.sandbox.state())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            On::Etcd(v) => {
+                let keys =
+                    etcd::shared(v).etcdctl_ok(&["get", "--prefix", &self.prefix, "--keys-only"]);
+                keys.lines()
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            }
+        }
+    }
+
+    /// Whether the lease is free: a `-n` run gets it and exits 0.
+    #[track_caller]
+    fn assert_lease_free(&self) {
+        let out = self.lw().args(&["-n"]).cmd(&["true"]).output();
+        assert_exit(&out, 0);
+    }
+}
+
+/// Waits for each run's exit and returns the statuses, in order.
+#[track_caller]
+fn exits(runs: &mut [Running]) -> Vec<i32> {
+    runs.iter_mut()
+        .map(|r| r.wait_timeout(RUN_BOUND * 3).code().unwrap_or(-1))
+        .collect()
+}
+
+fn five_hosts_40ms_apart_run_the_job_once_with_no_wait_and_with_wait(on: On) {
+    for mode in [&["-n", "-E", "0"][..], &["-w", "30s"]] {
+        let fleet = Fleet::new(on, "five");
+        let mut runs: Vec<Running> = (0..5)
+            .map(|i| {
+                if i > 0 {
+                    thread::sleep(Duration::from_millis(40));
+                }
+                let job = fleet.job("ran", 0);
+                fleet
+                    .lw()
+                    .args(mode)
+                    .args(&["--once-per", "1h"])
+                    .cmd(&job)
+                    .spawn()
+            })
+            .collect();
+        let mut codes = exits(&mut runs);
+        let stderr: Vec<String> = runs.iter().map(Running::stderr).collect();
+        assert_eq!(
+            fleet.runs().len(),
+            1,
+            "{mode:?}: runs {:?}\n{}",
+            fleet.runs(),
+            stderr.join("\n")
+        );
+        codes.sort();
+        let want = if mode[0] == "-n" {
+            [0; 5]
+        } else {
+            [0, 75, 75, 75, 75]
+        };
+        assert_eq!(codes, want, "{mode:?}\n{}", stderr.join("\n"));
+    }
+}
+
+fn a_failed_run_is_retried_by_the_next_holder_and_then_skipped(on: On) {
+    let fleet = Fleet::new(on, "retry");
+    let once = ["--once", "nightly"];
+    let first = fleet.lw().args(&once).cmd(&fleet.job("first", 3)).output();
+    assert_exit(&first, 3);
+    let failed = fleet
+        .record("nightly")
+        .expect("a failed run leaves a record");
+    assert_eq!(
+        (failed["outcome"].as_str(), failed["attempts"].as_u64()),
+        (Some("failed"), Some(1))
+    );
+    assert_eq!(failed["exit_status"], 3);
+    let second = fleet
+        .lw()
+        .args(&once)
+        .cmd(&fleet.job("second $LEASEWRAP_FENCING_TOKEN", 0))
+        .output();
+    assert_exit(&second, 0);
+    let third = fleet.lw().args(&once).cmd(&fleet.job("third", 0)).output();
+    assert_exit(&third, 75);
+    assert!(third.stderr.contains("already ran"), "{}", third.stderr);
+    let runs = fleet.runs();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let done = fleet.record("nightly").unwrap();
+    assert_eq!(
+        (done["outcome"].as_str(), done["attempts"].as_u64()),
+        (Some("ran-ok"), Some(2))
+    );
+    assert_eq!(
+        runs[1],
+        format!("second {}", done["token"]),
+        "the record names the run that succeeded"
+    );
+    assert!(done["token"].as_u64() > failed["token"].as_u64());
+}
+
+fn after_the_holder_is_sigkilled_a_waiter_runs_key_and_the_dead_run_records_nothing(on: On) {
+    let fleet = Fleet::new(on, "takeover");
+    let once = ["--once", "k"];
+    let holder = Job::hold(fleet.lw().args(&once), &fleet.sandbox, "holder");
+    let job = fleet.job("waiter $LEASEWRAP_FENCING_TOKEN", 0);
+    let mut waiter = fleet
+        .lw()
+        .args(&once)
+        .args(&["-w", "30s"])
+        .cmd(&job)
+        .spawn();
+    holder.run.kill(Signal::SIGKILL);
+    waiter.wait_timeout(RUN_BOUND * 2);
+    assert_exit(&waiter, 0);
+    assert_eq!(fleet.runs().len(), 1, "{:?}", fleet.runs());
+    let record = fleet.record("k").expect("the waiter's success is recorded");
+    assert_eq!(record["outcome"], "ran-ok");
+    assert_eq!(record["attempts"], 1, "the SIGKILLed run recorded nothing");
+    assert_eq!(record["pid"], waiter.pid());
+    assert_eq!(fleet.runs()[0], format!("waiter {}", record["token"]));
+}
+
+fn max_attempts_2_gives_up_after_two_failed_runs(on: On) {
+    let fleet = Fleet::new(on, "attempts");
+    let args = ["--once", "k", "--max-attempts", "2"];
+    let codes: Vec<i32> = (0..4)
+        .map(|_| fleet.lw().args(&args).cmd(&fleet.job("ran", 1)).output())
+        .map(|out| out.status.code().unwrap_or(-1))
+        .collect();
+    assert_eq!(codes, [1, 1, 75, 75]);
+    assert_eq!(fleet.runs().len(), 2);
+    let last = fleet
+        .lw()
+        .args(&args)
+        .args(&["-E", "0"])
+        .cmd(&fleet.job("ran", 1))
+        .output();
+    assert_exit(&last, 0);
+    assert!(
+        last.stderr.contains("given up after 2 runs"),
+        "{}",
+        last.stderr
+    );
+    assert_eq!(fleet.record("k").unwrap()["attempts"], 2);
+}
+
+fn max_runtime_stops_a_tree_that_ignores_sigterm_and_forks_a_daemon(on: On) {
+    let fleet = Fleet::new(on, "runtime");
+    let sb = &fleet.sandbox;
+    let daemon = sb.script(
+        "daemon.sh",
+        &format!(
+            "trap '' TERM\n{}\nexec sleep 60",
+            atomically("echo $$", &sb.path("daemon.pid"))
+        ),
+    );
+    let child = sb.script(
+        "child.sh",
+        &format!(
+            "setsid sh -c '\"$0\" &' {} </dev/null >/dev/null 2>&1\ntrap '' TERM\n{}\nwhile :; do sleep 0.05; done",
+            q(&daemon),
+            atomically("echo $$", &sb.path("child.pid")),
+        ),
+    );
+    let args = [
+        "--max-runtime",
+        "1s",
+        "--kill-after",
+        "300ms",
+        "--once",
+        "k",
+    ];
+    let mut run = fleet
+        .lw()
+        .args(&args)
+        .cmd(&[child.to_str().unwrap()])
+        .spawn();
+    let child = read_pid(&sb.path("child.pid"), STARTUP);
+    let daemon = read_pid(&sb.path("daemon.pid"), STARTUP);
+    let _guard = KillOnDrop(vec![child, daemon]);
+    let started = Instant::now();
+    run.wait_timeout(RUN_BOUND);
+    assert_exit(&run, 123);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "stopped before --max-runtime"
+    );
+    // The tree is reaped before leasewrap exits: nothing may be left by now.
+    assert_all_die_within(Duration::ZERO, &[("child", child), ("daemon", daemon)]);
+    assert!(run.stderr().contains("--max-runtime"), "{}", run.stderr());
+    assert_eq!(fleet.record("k").unwrap()["outcome"], "timed-out");
+    fleet.assert_lease_free();
+}
+
+fn bad_once_input_exits_64_with_one_line_and_acquires_nothing(on: On) {
+    let fleet = Fleet::new(on, "bad");
+    let long = "k".repeat(129);
+    let cases: &[&[&str]] = &[
+        &["--once", ""],
+        &["--once", "a/b"],
+        &["--once", "bell\u{7}"],
+        &["--once", &long],
+        &["--once-per", "0"],
+        &["--once-per", "-1h"],
+        &["--once-per", "500ms"],
+        &["--once", "k", "--once-per", "1h"],
+        &["--once", "k", "--max-attempts", "0"],
+        &["--max-runtime", "0"],
+        &["--max-runtime", "1s", "--kill-after", "1s"],
+        &["--metrics-file", "/nonexistent/dir/job.prom"],
+    ];
+    for case in cases {
+        let out = fleet.lw().args(case).cmd(&fleet.job("ran", 0)).output();
+        assert_exit(&out, 64);
+        assert_eq!(
+            out.stderr.trim_end().lines().count(),
+            1,
+            "{case:?}: {}",
+            out.stderr
+        );
+    }
+    assert!(fleet.runs().is_empty());
+    assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
+}
+
+fn a_foreign_record_exits_78_and_runs_nothing(on: On) {
+    let fleet = Fleet::new(on, "foreign");
+    fleet.plant_record("k", "done\n");
+    let out = fleet
+        .lw()
+        .args(&["--once", "k"])
+        .cmd(&fleet.job("ran", 0))
+        .output();
+    assert_exit(&out, 78);
+    assert!(
+        out.stderr.contains("not a leasewrap run record"),
+        "{}",
+        out.stderr
+    );
+    assert!(fleet.runs().is_empty());
+    fleet.assert_lease_free();
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: a stale holder cannot record a success.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_paused_holders_late_success_is_refused_and_the_new_holders_record_stands_on_etcd_3_4() {
+    late_success_of_a_paused_holder(Version::V3_4);
+}
+
+#[test]
+fn a_paused_holders_late_success_is_refused_and_the_new_holders_record_stands_on_etcd_3_5() {
+    late_success_of_a_paused_holder(Version::V3_5);
+}
+
+/// Holder A's child stops A's leasewrap (SIGSTOP) and exits 0, so A holds a success it has not
+/// recorded while its lease runs out; B takes over, runs KEY and records it. When A resumes, its
+/// success must not be recorded: it exits 124 and B's record stands.
+fn late_success_of_a_paused_holder(v: Version) {
+    let fleet = Fleet::new(On::Etcd(v), "stale");
+    let once = ["--once", "k"];
+    // The child's parent is the watchdog, whose parent is leasewrap (field 4 of /proc/PID/stat).
+    let stop_leasewrap = "kill -STOP $(cut -d' ' -f4 /proc/$PPID/stat)";
+    let script = format!(
+        "echo a >> {}; {stop_leasewrap}; exit 0",
+        q(&fleet.runs_file())
+    );
+    let mut a = fleet.lw().args(&once).cmd(&["sh", "-c", &script]).spawn();
+    wait_until(STARTUP, "holder A stopped by its child", || {
+        is_stopped(a.pid())
+    });
+    let job = fleet.job("b $LEASEWRAP_FENCING_TOKEN", 0);
+    let mut b = fleet
+        .lw()
+        .args(&once)
+        .args(&["-w", "30s"])
+        .cmd(&job)
+        .spawn();
+    b.wait_timeout(RUN_BOUND);
+    assert_exit(&b, 0);
+    a.kill(Signal::SIGCONT);
+    a.wait_timeout(RUN_BOUND);
+    assert_exit(&a, 124);
+    let why = a.stderr();
+    assert!(why.contains("not recorded") || why.contains("lease lost"), "{why}");
+    let record = fleet.record("k").unwrap();
+    assert_eq!(record["outcome"], "ran-ok");
+    assert_eq!(record["pid"], b.pid(), "B's record stands");
+    assert_eq!(
+        fleet.runs(),
+        ["a".to_owned(), format!("b {}", record["token"])]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// --once-per under libfaketime: hosts whose clocks differ.
+// ---------------------------------------------------------------------------------------------
+
+/// A leasewrap whose wall clock starts at `at` (UTC); its monotonic clocks stay real.
+fn at_wall_clock(fleet: &Fleet, at: &str, args: &[&str], job: &[String]) -> Output {
+    let mut command = Command::new("faketime");
+    command
+        .env("TZ", "UTC")
+        .args(["--exclude-monotonic", at, BIN]);
+    command.args([
+        "--local-dir",
+        fleet.sandbox.state().to_str().unwrap(),
+        "--name",
+        fleet.name,
+    ]);
+    command.args(args).arg("--").args(job);
+    clean_env(&mut command);
+    let out = run_bounded(command, RUN_BOUND);
+    assert!(
+        !out.stderr.contains("faketime: command not found"),
+        "faketime is needed (Debian package faketime; scripts/test.sh installs it)"
+    );
+    out
+}
+
+#[test]
+fn hosts_a_quarter_period_apart_share_the_once_per_key_and_sixty_percent_apart_do_not() {
+    let fleet = Fleet::new(On::Local, "slots");
+    let args = ["--once-per", "1h"];
+    // 02:00 is the boundary: 15 min either side is DUR/4, 36 min is 0.6 x DUR.
+    for (at, code) in [
+        ("2026-12-01 01:45:00", 0),
+        ("2026-12-01 02:15:00", 75),
+        ("2026-12-01 02:00:00", 75),
+        ("2026-12-01 01:24:00", 0),
+        ("2026-12-01 02:36:00", 0),
+    ] {
+        let out = at_wall_clock(&fleet, at, &args, &fleet.job(at, 0));
+        assert_exit(&out, code);
+    }
+    assert_eq!(
+        fleet.runs(),
+        [
+            "2026-12-01 01:45:00",
+            "2026-12-01 01:24:00",
+            "2026-12-01 02:36:00"
+        ]
+    );
+    for key in [
+        "2026-12-01T01:00:00Z",
+        "2026-12-01T02:00:00Z",
+        "2026-12-01T03:00:00Z",
+    ] {
+        assert_eq!(fleet.record(key).expect(key)["outcome"], "ran-ok", "{key}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --metrics-file, read with Prometheus's own parser.
+// ---------------------------------------------------------------------------------------------
+
+/// The families of a metrics file as Prometheus's Python parser reads them.
+#[track_caller]
+fn parse_metrics(text: &str) -> Vec<Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/parse-metrics.py");
+    let mut command = Command::new("python3");
+    command.arg(script);
+    let out = run_bounded_with_stdin(command, text);
+    assert!(
+        out.status.success(),
+        "the parser refused the file ({}; prometheus_client is needed, scripts/test.sh installs it):\n{text}",
+        out.stderr
+    );
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+/// `command` fed `input` on stdin, run to its end.
+fn run_bounded_with_stdin(mut command: Command, input: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 is needed to parse the metrics file");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Output {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// The outcome the metrics file reports: the one `leasewrap_outcome` series at 1.
+#[track_caller]
+fn reported_outcome(path: &std::path::Path) -> String {
+    let families = parse_metrics(&fs::read_to_string(path).expect("the metrics file exists"));
+    let outcome = families
+        .iter()
+        .find(|f| f["name"] == "leasewrap_outcome")
+        .expect("leasewrap_outcome");
+    let set: Vec<&Value> = outcome["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["value"] == 1.0)
+        .collect();
+    assert_eq!(set.len(), 1, "exactly one outcome is set: {outcome}");
+    assert!(families
+        .iter()
+        .all(|f| f["type"] == "gauge" && f["help"] != ""));
+    set[0]["labels"]["outcome"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn the_metrics_file_parses_and_names_the_outcome_after_each_kind_of_run_or_skip() {
+    let fleet = Fleet::new(On::Local, "metrics");
+    let prom = fleet.sandbox.path("job.prom");
+    let m = ["--metrics-file", prom.to_str().unwrap()];
+    let run = |args: &[&str], job: &[&str]| fleet.lw().args(&m).args(args).cmd(job).output();
+    let steps: [(&[&str], &[&str], i32, &str); 5] = [
+        (&["--once", "a"], &["true"], 0, "ran-ok"),
+        (&["--once", "a"], &["true"], 75, "skipped-done"),
+        (
+            &["--once", "b", "--max-attempts", "1"],
+            &["false"],
+            1,
+            "failed",
+        ),
+        (
+            &["--once", "b", "--max-attempts", "1"],
+            &["false"],
+            75,
+            "gave-up",
+        ),
+        (
+            &["--max-runtime", "1s", "--kill-after", "100ms"],
+            &["sleep", "10"],
+            123,
+            "timed-out",
+        ),
+    ];
+    for (args, job, code, outcome) in steps {
+        assert_exit(&run(args, job), code);
+        assert_eq!(reported_outcome(&prom), outcome, "{args:?}");
+    }
+    let holder = Job::hold(fleet.lw().args(&m), &fleet.sandbox, "holder");
+    assert_exit(&run(&["-n"], &["true"]), 75);
+    assert_eq!(reported_outcome(&prom), "skipped-busy");
+    fs::remove_file(fleet.sandbox.lock_file(fleet.name)).unwrap();
+    let mut holder = holder;
+    holder.wait(RUN_BOUND);
+    assert_exit(&holder.run, 124);
+    assert_eq!(reported_outcome(&prom), "lost");
+}
+
+#[test]
+fn a_reader_of_the_metrics_file_never_sees_half_a_file() {
+    let fleet = Fleet::new(On::Local, "reader");
+    let prom = fleet.sandbox.path("job.prom");
+    let m = ["--metrics-file", prom.to_str().unwrap()];
+    assert_exit(&fleet.lw().args(&m).cmd(&["true"]).output(), 0);
+    let writers = {
+        let lw: Vec<Leasewrap> = (0..20)
+            .map(|_| fleet.lw().args(&m).cmd(&["true"]))
+            .collect();
+        thread::spawn(move || lw.into_iter().for_each(|l| assert_exit(&l.output(), 0)))
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    while !writers.is_finished() {
+        seen.insert(fs::read_to_string(&prom).expect("the file is always there"));
+    }
+    writers.join().unwrap();
+    assert!(seen.len() > 1, "the reader saw the file change");
+    for text in &seen {
+        parse_metrics(text);
+        assert!(
+            text.ends_with('\n') && text.contains("leasewrap_last_fencing_token"),
+            "{text}"
+        );
+    }
+}
