@@ -56,6 +56,10 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it
+    #[arg(long, value_name = "KEY", requires = "name")]
+    pub once: Option<String>,
+
     #[command(flatten)]
     pub conn: ConnArgs,
 

@@ -32,7 +32,7 @@ _leasewrap() {
 
     case "${cmd}" in
         leasewrap)
-            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put"
+            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -87,6 +87,30 @@ _leasewrap() {
                     return 0
                     ;;
                 --lost-exit-code)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-runtime)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --once)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --once-per)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-attempts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metrics-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -218,12 +242,16 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__status)
-            opts="-q -v -h --json --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
+            opts="-q -v -h --json --once --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --once)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --endpoints)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

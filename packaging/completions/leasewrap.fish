@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leasewrap_global_optspecs
-    string join \n name= c= ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= s/signal= margin= drift= lost-exit-code= endpoints= prefix= cacert= cert= key= user= password-file= dial-timeout= local-dir= log-format= q/quiet v/verbose h/help V/version
+    string join \n name= c= ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= s/signal= margin= drift= lost-exit-code= max-runtime= once= once-per= keep= max-attempts= metrics-file= endpoints= prefix= cacert= cert= key= user= password-file= dial-timeout= local-dir= log-format= q/quiet v/verbose h/help V/version
 end
 
 function __fish_leasewrap_needs_command
@@ -34,6 +34,12 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -s s -l signal -d 'The
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l margin -d 'Slack for kill latency and scheduling [default: min(1s, TTL/10)]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l drift -d 'Bound on how much faster the server\'s clock may run than ours (0.1 = 10 %)' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l lost-exit-code -d 'Exit status after the lease was lost and the child stopped' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l max-runtime -d 'Stop the child\'s whole tree after DUR (stop signal, --kill-after, SIGKILL), release the lease and exit 123' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l once -d 'Run COMMAND at most once successfully per KEY, across every host of the backend; a holder that finds KEY done starts nothing and exits with the conflict status' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l once-per -d 'As --once, with KEY the slot boundary nearest to the start time (UTC, RFC 3339): `--once-per 1d` runs once a day' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l keep -d 'How long a run record is kept (with --once or --once-per)' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l max-attempts -d 'Give KEY up after N failed runs: later holders start nothing and exit with the conflict status [default: unlimited]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l metrics-file -d 'After every run or skip, replace PATH with a node_exporter textfile-collector file (name it *.prom)' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
@@ -53,6 +59,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -s V -l version -d 'Pr
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "status" -d 'Who holds NAME (or every lease under the prefix): holder, token, time left, waiters'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d 'Atomically replace DEST with stdin, refusing a token lower than one DEST has seen'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd only while the lock key still has the given token'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d 'Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F

@@ -34,3 +34,36 @@ pub enum Written {
     /// Refused, for this reason: the lease is no longer ours (a stale holder).
     Refused(String),
 }
+
+/// How once per scheduled run works, as the man page's ONCE PER SCHEDULED RUN section says it:
+/// each option and what it does.
+pub const MAN_SECTION: &[(&str, &str)] = &[
+    (
+        "--once KEY",
+        "After taking the lease and before starting COMMAND, leasewrap reads the run record of (NAME, KEY). If a run of KEY succeeded, on any host of the backend, it starts nothing, gives the lease back, logs who ran it (host, pid, token, end) and exits with the conflict status (75, or -E N); waiters queued with --wait see the record as their turn comes. KEY is 1-128 bytes without '/' or control characters.",
+    ),
+    (
+        "success",
+        "When COMMAND exits 0 the success is recorded under the fencing token: on etcd in one transaction that succeeds only while the own lock key still has the token as its create revision; on the local backend written and fsynced while the lock is held and its file is still the one its path names. A success that cannot be recorded (the lease was lost: a paused or cut-off holder) is not one: leasewrap exits with the lost status (124) and the next holder runs KEY again.",
+    ),
+    (
+        "failure",
+        "A run that exits non-zero, dies of a signal or runs past --max-runtime records a failed attempt, so the next holder, on any host and at once with --wait, runs KEY again. A run whose lease was lost, and a leasewrap that is itself killed, record nothing: the next holder runs KEY again, and such runs do not count toward --max-attempts. After --max-attempts N recorded runs KEY is given up: later holders start nothing and exit with the conflict status.",
+    ),
+    (
+        "--once-per DUR",
+        "KEY is the slot boundary nearest to the wall-clock start, counted from the Unix epoch in UTC and written in RFC 3339: --once-per 1h at 01:59:58 gives 2026-12-01T02:00:00Z, and 1d slots begin at 00:00 UTC. Hosts whose clocks or wake-ups differ from the boundary by less than DUR/2 agree on the key. A schedule near the half-way point between two boundaries (02:30 with --once-per 1h) can land on either side: schedule the job at a boundary. With a systemd timer and Persistent=true, a host that boots late and catches up finds the slot done. DUR is 1s at least; --once-per and --once exclude each other.",
+    ),
+    (
+        "records",
+        "On etcd, PREFIX/runs/NAME/KEY: the segment after the prefix is empty, a name no lease can have, so a record is never under a lock's queue prefix PREFIX NAME/ (any key there would take part in the mutex). With --prefix '' that is /runs/NAME/KEY, which etcdctl lock touches only for a lock name starting with /runs/. Each record has a lease of its own, of TTL --keep (default 7d): etcd deletes it then, and a leader change restarts the count, as for every etcd lease. On the local backend, DIR/runs/NAME/KEY.json, opened without following symlinks; its modification time is its expiry, and each write removes the records of NAME whose time has passed. A value there that is not a leasewrap run record is reported with status 78 and never taken for done.",
+    ),
+    (
+        "--max-runtime DUR",
+        "After DUR the child's whole tree is stopped as for a lost lease (the stop signal, --kill-after, SIGKILL), the lease is released, and leasewrap exits 123 (timeout(1)'s 124 is leasewrap's lost status). DUR must be longer than --kill-after.",
+    ),
+    (
+        "--metrics-file PATH",
+        "After every run or skip, PATH is replaced whole (a temp file in the same folder, opened without following symlinks, then renamed) with a node_exporter textfile-collector file: leasewrap_outcome{name,outcome} is 1 for this host's last outcome (ran-ok, failed, lost, timed-out, skipped-busy, skipped-done or gave-up) and 0 for the others; leasewrap_last_start_timestamp_seconds, leasewrap_last_end_timestamp_seconds, leasewrap_last_duration_seconds, leasewrap_last_exit_status and leasewrap_last_fencing_token describe it; with --once, leasewrap_once_attempts{name,key} counts the runs of KEY on every host and leasewrap_once_done_timestamp_seconds{name,key,host} says when and where KEY succeeded, so an alert can tell another host having run it from nobody having run it. Name the file *.prom in the collector's directory; its folder must exist and be writable at startup. An invocation that neither ran nor skipped (bad usage, etcd unreachable, a signal while waiting) leaves the file as it was.",
+    ),
+];

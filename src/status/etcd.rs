@@ -81,6 +81,7 @@ async fn held(
         ttl_s,
         waiters: Some(waiters),
         key: Some(String::from_utf8_lossy(owner.key()).into_owned()),
+        runs: Vec::new(),
     })
 }
 

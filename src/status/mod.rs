@@ -6,6 +6,7 @@
 
 mod etcd;
 mod local;
+mod runs;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -20,9 +21,9 @@ use crate::error::Error;
 pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     (
         "0",
-        "NAME is held; without NAME, always (the listing itself is the answer)",
+        "NAME is held; without NAME, always (the listing itself is the answer); with --once KEY, KEY is done",
     ),
-    ("1", "NAME is free"),
+    ("1", "NAME is free; with --once KEY, KEY is not done"),
     ("64", "bad usage: a lease name, option, duration or URL is wrong"),
     ("69", "etcd is unreachable"),
     ("77", "etcd refused the authentication or the TLS handshake"),
@@ -54,6 +55,8 @@ pub struct LeaseStatus {
     pub waiters: Option<u64>,
     /// The holder's lock key (etcd) or the lock file (local).
     pub key: Option<String>,
+    /// The last runs recorded by --once, newest first (at most [`runs::LAST`]).
+    pub runs: Vec<crate::runs::RunRecord>,
 }
 
 /// The record a holder leaves in its lock key or lock file: written by `run`, read by `status`.
@@ -114,24 +117,32 @@ impl LeaseStatus {
             ttl_s: None,
             waiters: Some(0),
             key: None,
+            runs: Vec::new(),
         }
     }
 }
 
-/// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing.
+/// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing. With
+/// `--once KEY`: exit 0 when KEY of NAME is done, 1 when it is not.
 pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
     let name = args.name.as_deref();
     if let Some(name) = name {
         config::check_name(name)?;
     }
-    let leases = match config::backend(&args.conn, args.local_dir.as_deref(), env)? {
-        Backend::Local { dir } => local::leases(&dir, name)?,
-        Backend::Etcd(cfg) => etcd::leases(&cfg, name).await?,
+    let backend = config::backend(&args.conn, args.local_dir.as_deref(), env)?;
+    if let Some(key) = &args.once {
+        let name = name.ok_or_else(|| Error::Usage("status --once KEY needs NAME".into()))?;
+        return runs::once(&backend, name, key, args.json).await;
+    }
+    let mut leases = match &backend {
+        Backend::Local { dir } => local::leases(dir, name)?,
+        Backend::Etcd(cfg) => etcd::leases(cfg, name).await?,
     };
+    runs::fill(&backend, &mut leases).await?;
     let text = match (args.json, name) {
         (true, Some(_)) => json_line(&leases[0])?,
         (true, None) => json_line(&leases)?,
-        (false, _) => table(&leases),
+        (false, _) => table(&leases) + &runs::table(&leases),
     };
     print(&text)?;
     Ok(match name {
@@ -140,14 +151,14 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
     })
 }
 
-fn json_line(value: &impl Serialize) -> Result<String, Error> {
+pub(crate) fn json_line(value: &impl Serialize) -> Result<String, Error> {
     let mut text = serde_json::to_string(value).map_err(|e| Error::internal("writing JSON", e))?;
     text.push('\n');
     Ok(text)
 }
 
 /// Write to stdout; a reader that went away (`| head`) is not a failure.
-fn print(text: &str) -> Result<(), Error> {
+pub(crate) fn print(text: &str) -> Result<(), Error> {
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
             Err(Error::internal("writing to stdout", e))
@@ -173,14 +184,19 @@ pub fn table(leases: &[LeaseStatus]) -> String {
     let rows: Vec<[String; 8]> = std::iter::once(HEADER.map(str::to_owned))
         .chain(leases.iter().map(row))
         .collect();
-    let mut widths = [0; 8];
-    for row in &rows {
+    align(&rows)
+}
+
+/// Rows as lines, each column padded to its widest cell but the last, which is not padded.
+pub(crate) fn align<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in &rows {
+    for row in rows {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
             if i + 1 < row.len() {

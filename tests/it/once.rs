@@ -88,6 +88,16 @@ impl Fleet {
         lw.name(self.name).args(&["--ttl", TTL])
     }
 
+    /// `leasewrap status ARGS... NAME` on this fleet's backend.
+    fn status(&self, args: &[&str]) -> Output {
+        let lw = Leasewrap::subcommand("status");
+        let lw = match self.on {
+            On::Local => lw.local_dir(self.sandbox.state()),
+            On::Etcd(v) => lw.on_etcd(&etcd::shared(v).endpoint(), &self.prefix),
+        };
+        lw.args(args).args(&[self.name]).output()
+    }
+
     /// The file every job appends a line to.
     fn runs_file(&self) -> PathBuf {
         self.sandbox.path("runs")
@@ -249,6 +259,36 @@ fn a_failed_run_is_retried_by_the_next_holder_and_then_skipped(on: On) {
         "the record names the run that succeeded"
     );
     assert!(done["token"].as_u64() > failed["token"].as_u64());
+    let status = fleet.status(&[]);
+    let row: Vec<&str> = status
+        .stdout
+        .lines()
+        .last()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &row[..5],
+        [
+            "retry",
+            "nightly",
+            "ran-ok",
+            "2",
+            &done["token"].to_string()
+        ],
+        "{}",
+        status.stdout
+    );
+    let json: Value = serde_json::from_str(&fleet.status(&["--json"]).stdout).unwrap();
+    assert_eq!(json["runs"][0]["attempts"], 2);
+    let asked = fleet.status(&["--once", "nightly"]);
+    assert_exit(&asked, 0);
+    assert!(
+        asked.stdout.starts_with("retry nightly: done"),
+        "{}",
+        asked.stdout
+    );
+    assert_exit(&fleet.status(&["--once", "other"]), 1);
 }
 
 fn after_the_holder_is_sigkilled_a_waiter_runs_key_and_the_dead_run_records_nothing(on: On) {
@@ -437,7 +477,10 @@ fn late_success_of_a_paused_holder(v: Version) {
     a.wait_timeout(RUN_BOUND);
     assert_exit(&a, 124);
     let why = a.stderr();
-    assert!(why.contains("not recorded") || why.contains("lease lost"), "{why}");
+    assert!(
+        why.contains("not recorded") || why.contains("lease lost"),
+        "{why}"
+    );
     let record = fleet.record("k").unwrap();
     assert_eq!(record["outcome"], "ran-ok");
     assert_eq!(record["pid"], b.pid(), "B's record stands");

@@ -232,9 +232,13 @@ fn main_page(cmd: &clap::Command) -> String {
         .para("COMMAND gets leasewrap's environment less every variable whose name ends in _PASSWORD, the password part of a USER:PASSWORD in LEASEWRAP_USER or ETCDCTL_USER, and NOTIFY_SOCKET, plus:")
         .items(GIVEN)
         .para("No file descriptor of leasewrap's (lock files, sockets) is passed on to COMMAND.");
+    s.heading("ONCE PER SCHEDULED RUN")
+        .para("A lease gives mutual exclusion; --once gives a job that runs once per schedule on a fleet, and retries on another host when a run fails.")
+        .items(leasewrap::runs::MAN_SECTION);
     s.heading("FILES")
         .item("DIR/NAME.lock", "the local backend's lock file, locked with flock(2) while the lease is held; it holds the holder's record (JSON: host, pid, command, start). DIR is --local-dir, by default /var/lib/leasewrap as root.")
-        .item("DIR/NAME.token", "the local backend's fencing token counter. It must survive reboots: never delete it.");
+        .item("DIR/NAME.token", "the local backend's fencing token counter. It must survive reboots: never delete it.")
+        .item("DIR/runs/NAME/KEY.json", "the local backend's run record of KEY (--once, --once-per): JSON with format, name, key, outcome, attempts, host, pid, token, start, end, exit_status, signal and keep_until (times in seconds since the epoch).");
     examples_main(&mut s);
     s.see_also(&[
         ("leasewrap-status", "1"),
@@ -272,6 +276,10 @@ fn examples_main(s: &mut Sections) {
             &["leasewrap --prefix '' --name db-migrate -- ./migrate"],
         )
         .example(
+            "Run the nightly report once a night on a fleet, whichever host fires first; the others, and any that catch up late, end with status 0:",
+            &["leasewrap -w 10m -E 0 --once-per 1d --metrics-file /var/lib/node_exporter/textfile/nightly-report.prom --name nightly-report -- /usr/local/bin/nightly-report"],
+        )
+        .example(
             "Who holds what, for people and for scripts:",
             &[
                 "leasewrap status",
@@ -287,6 +295,8 @@ fn status_page(man: &Man) -> String {
         .para("Without NAME every lease is listed: each NAME with a key under the prefix on etcd, each NAME.lock in the local directory. A free lease that was never taken is shown only when named.")
         .para("On etcd, TIME LEFT is the server's time to live of the holder's lease: the holder stops its child before it runs out. WAITERS counts the keys queued behind the holder's. On the local backend WAITERS counts the processes blocked in flock(2) on the lock file, from /proc/locks; it is ? when the holder's lock is not listed there (a holder in another PID namespace).");
     s.para("With --json: one JSON object when NAME is given, else an array of them, each with the fields name, backend (etcd or local), held, holder (null, or host, pid, command as an array, start in seconds since the epoch), token, time_left_s, ttl_s (the granted TTL), waiters and key (the holder's lock key or lock file); null where the text shows - or ?.");
+    s.para("Run records (--once, --once-per) follow the leases, after a blank line, when there are any: the last 10 runs of each lease listed, newest first, with NAME, KEY, OUTCOME (ran-ok, failed, lost or timed-out), RUNS (runs of KEY so far, on every host), TOKEN, HOST and PID of the leasewrap that ran it, START, END (RFC 3339, UTC) and STATUS (the exit status, or the signal). In --json each lease has them as runs, an array of the records as stored (format, name, key, outcome, attempts, host, pid, token, start, end, exit_status, signal, keep_until; times in seconds since the epoch). A stored value that is not a run record is logged and left out.");
+    s.para("With --once KEY NAME, status prints one line saying whether KEY is done, by whom and after how many runs, and exits 0 when it is done and 1 when it is not; with --json, one object with name, key, done and record (null before the first run).");
     s.para("status only reads: it creates no key, file or directory. On the local backend it tries a shared flock(2) on each lock file without waiting and lets go at once; a leasewrap --no-wait that tries to take the same lease in that instant is told that the lease is held.");
     s.heading("EXIT STATUS")
         .items(leasewrap::status::EXIT_STATUS_TABLE);
