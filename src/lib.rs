@@ -28,6 +28,7 @@
 //! - `runs::metrics`: the node_exporter textfile.
 //! - `status`: `leasewrap status`, who holds what; the holder record.
 //! - `status::etcd`, `status::local`: what each backend stores, as status values.
+//! - `status::runs`: the last runs of each lease, and `status --once KEY`.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
 //! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr.

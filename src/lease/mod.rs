@@ -160,10 +160,10 @@ impl Lessor {
 }
 
 impl Held {
-    /// The etcd client of this lease, for writes guarded by its lock key; none on local.
-    pub fn etcd_client(&self) -> Option<&etcd_client::Client> {
+    /// The etcd connection of this lease, for writes guarded by its lock key; none on local.
+    pub fn etcd_conn(&self) -> Option<&etcd::client::Conn> {
         match &self.inner {
-            HeldInner::Etcd(held) => Some(held.client()),
+            HeldInner::Etcd(held) => Some(held.conn()),
             HeldInner::Local { .. } => None,
         }
     }

@@ -212,10 +212,8 @@ fn ran_by(r: &RunRecord) -> String {
 }
 
 async fn read(cfg: &Config, once: &Once, held: &Held) -> Result<Option<RunRecord>, Error> {
-    match (&cfg.backend, held.etcd_client()) {
-        (Backend::Etcd(e), Some(client)) => {
-            etcd::read(client, e.dial_timeout, &e.prefix, &cfg.name, &once.key).await
-        }
+    match (&cfg.backend, held.etcd_conn()) {
+        (Backend::Etcd(e), Some(conn)) => etcd::read(conn, &e.prefix, &cfg.name, &once.key).await,
         (Backend::Local { dir }, _) => local::read(dir, &cfg.name, &once.key),
         (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),
     }
@@ -227,10 +225,10 @@ async fn write(
     held: &Held,
     record: &RunRecord,
 ) -> Result<Written, Error> {
-    match (&cfg.backend, held.etcd_client()) {
-        (Backend::Etcd(e), Some(client)) => {
+    match (&cfg.backend, held.etcd_conn()) {
+        (Backend::Etcd(e), Some(conn)) => {
             let lock = (held.key.as_str(), held.token);
-            etcd::write(client, e.dial_timeout, &e.prefix, lock, record, once.keep).await
+            etcd::write(conn, &e.prefix, lock, record, once.keep).await
         }
         (Backend::Local { dir }, _) => local::write(dir, record, || held.local_check()),
         (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),

@@ -10,11 +10,11 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{GetOptions, PutOptions, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::{RunRecord, Written};
 use crate::error::Error;
-use crate::lease::etcd::call_retrying;
+use crate::lease::etcd::client::{guarded_txn, Conn, Guarded};
 
 /// Where the records of `name` live.
 pub fn name_prefix(prefix: &str, name: &str) -> String {
@@ -29,18 +29,18 @@ pub fn record_key(prefix: &str, name: &str, key: &str) -> String {
 /// The record of (`name`, `key`), none before its first run. A value that is not such a record
 /// is a configuration error (78): it is never taken for "done".
 pub async fn read(
-    client: &Client,
-    within: Duration,
+    conn: &Conn,
     prefix: &str,
     name: &str,
     key: &str,
 ) -> Result<Option<RunRecord>, Error> {
     let at = record_key(prefix, name, key);
-    let resp = call_retrying(within, client, |mut c| {
-        let at = at.clone();
-        async move { c.get(at, None).await }
-    })
-    .await?;
+    let resp = conn
+        .retrying(|mut c| {
+            let at = at.clone();
+            async move { c.get(at, None).await }
+        })
+        .await?;
     resp.kvs()
         .first()
         .map(|kv| RunRecord::parse(kv.value(), name, key))
@@ -52,11 +52,11 @@ pub async fn read(
         })
 }
 
-/// Store `record` under the fencing token: only while `lock_key` has `token` as its create
-/// revision. The record gets a lease of TTL `keep`; the previous record's lease is revoked.
+/// Store `record` under the fencing token: only while `lock` (key, token) still has the token
+/// as its create revision. The record gets a lease of TTL `keep`; the lease of the record it
+/// replaces, or the new one when refused, is revoked.
 pub async fn write(
-    client: &Client,
-    within: Duration,
+    conn: &Conn,
     prefix: &str,
     lock: (&str, u64),
     record: &RunRecord,
@@ -64,48 +64,34 @@ pub async fn write(
 ) -> Result<Written, Error> {
     let (lock_key, token) = lock;
     let ttl = keep.as_secs_f64().ceil().max(1.0) as i64;
-    let grant = call_retrying(within, client, |mut c| async move {
-        c.lease_grant(ttl, None).await
-    })
-    .await?;
+    let grant = conn
+        .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
+        .await?;
     let at = record_key(prefix, &record.name, &record.key);
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            lock_key,
-            CompareOp::Equal,
-            token as i64,
-        )])
-        .and_then([
-            TxnOp::get(at.clone(), None),
-            TxnOp::put(
-                at,
-                record.to_json(),
-                Some(PutOptions::new().with_lease(grant.id())),
-            ),
-        ]);
-    let resp = call_retrying(within, client, |mut c| {
-        let txn = txn.clone();
-        async move { c.txn(txn).await }
-    })
-    .await?;
-    let unused = if resp.succeeded() {
-        previous_lease(&resp)
-    } else {
-        Some(grant.id())
-    };
-    if let Some(id) = unused {
-        revoke(client, within, id).await;
+    let put = PutOptions::new().with_lease(grant.id());
+    let ops = vec![
+        TxnOp::get(at.clone(), None),
+        TxnOp::put(at, record.to_json(), Some(put)),
+    ];
+    match guarded_txn(conn, lock_key, token as i64, ops).await? {
+        Guarded::Applied(resp) => {
+            if let Some(old) = previous_lease(&resp) {
+                revoke(conn, old).await;
+            }
+            Ok(Written::Stored)
+        }
+        Guarded::Refused { create_revision } => {
+            revoke(conn, grant.id()).await;
+            let now = create_revision.map_or("none".into(), |r| r.to_string());
+            Ok(Written::Refused(format!(
+                "lock key {lock_key} has create revision {now}, not {token}: another holder owns the lease"
+            )))
+        }
     }
-    Ok(match resp.succeeded() {
-        true => Written::Stored,
-        false => Written::Refused(format!(
-            "lock key {lock_key} no longer has create revision {token}: a newer holder owns the lease"
-        )),
-    })
 }
 
 /// The lease of the record that the guarded put replaced, if it had one.
-fn previous_lease(resp: &etcd_client::TxnResponse) -> Option<i64> {
+fn previous_lease(resp: &TxnResponse) -> Option<i64> {
     resp.op_responses().into_iter().find_map(|r| match r {
         TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()).filter(|&l| l != 0),
         _ => None,
@@ -113,13 +99,10 @@ fn previous_lease(resp: &etcd_client::TxnResponse) -> Option<i64> {
 }
 
 /// Give back a lease nothing needs; failing that, it runs out by its TTL (--keep) alone.
-async fn revoke(client: &Client, within: Duration, id: i64) {
-    let revoked = call_retrying(
-        within,
-        client,
-        |mut c| async move { c.lease_revoke(id).await },
-    )
-    .await;
+async fn revoke(conn: &Conn, id: i64) {
+    let revoked = conn
+        .retrying(|mut c| async move { c.lease_revoke(id).await })
+        .await;
     if let Err(e) = revoked {
         tracing::debug!(lease = format!("{id:x}"), error = %e, "revoking an unused record lease failed");
     }
@@ -127,17 +110,17 @@ async fn revoke(client: &Client, within: Duration, id: i64) {
 
 /// Every record of `name`, and the values there that are not records (with why), for `status`.
 pub async fn list(
-    client: &Client,
-    within: Duration,
+    conn: &Conn,
     prefix: &str,
     name: &str,
 ) -> Result<Vec<Result<RunRecord, String>>, Error> {
     let under = name_prefix(prefix, name);
-    let resp = call_retrying(within, client, |mut c| {
-        let under = under.clone();
-        async move { c.get(under, Some(GetOptions::new().with_prefix())).await }
-    })
-    .await?;
+    let resp = conn
+        .retrying(|mut c| {
+            let under = under.clone();
+            async move { c.get(under, Some(GetOptions::new().with_prefix())).await }
+        })
+        .await?;
     Ok(resp
         .kvs()
         .iter()

@@ -1,11 +1,10 @@
 //! Run records in `leasewrap status`: the last runs of each lease listed, and `status --once KEY`.
 //! Reads only, like the rest of `status`.
 
-use etcd_client::Client;
-
 use super::{align, json_line, print, LeaseStatus};
 use crate::config::{Backend, EtcdConfig};
 use crate::error::Error;
+use crate::lease::etcd::client::Conn;
 use crate::runs::{self, check_key, Outcome, RunRecord};
 
 /// How many runs are shown per lease.
@@ -14,16 +13,14 @@ pub const LAST: usize = 10;
 /// Where the records are read from: one etcd client for every name of a listing.
 enum Reader<'a> {
     Local(&'a std::path::Path),
-    Etcd(Box<Client>, &'a EtcdConfig),
+    Etcd(Box<Conn>, &'a EtcdConfig),
 }
 
 impl<'a> Reader<'a> {
     async fn new(backend: &'a Backend) -> Result<Reader<'a>, Error> {
         Ok(match backend {
             Backend::Local { dir } => Reader::Local(dir),
-            Backend::Etcd(cfg) => {
-                Reader::Etcd(Box::new(crate::lease::etcd::connect(cfg).await?), cfg)
-            }
+            Backend::Etcd(cfg) => Reader::Etcd(Box::new(Conn::dial(cfg).await?), cfg),
         })
     }
 
@@ -31,9 +28,7 @@ impl<'a> Reader<'a> {
     async fn last(&self, name: &str) -> Result<Vec<RunRecord>, Error> {
         let all = match self {
             Reader::Local(dir) => runs::local::list(dir, name),
-            Reader::Etcd(client, cfg) => {
-                runs::etcd::list(client, cfg.dial_timeout, &cfg.prefix, name).await?
-            }
+            Reader::Etcd(conn, cfg) => runs::etcd::list(conn, &cfg.prefix, name).await?,
         };
         let mut good: Vec<RunRecord> = all
             .into_iter()
@@ -47,9 +42,7 @@ impl<'a> Reader<'a> {
     async fn read(&self, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
         match self {
             Reader::Local(dir) => runs::local::read(dir, name, key),
-            Reader::Etcd(client, cfg) => {
-                runs::etcd::read(client, cfg.dial_timeout, &cfg.prefix, name, key).await
-            }
+            Reader::Etcd(conn, cfg) => runs::etcd::read(conn, &cfg.prefix, name, key).await,
         }
     }
 }

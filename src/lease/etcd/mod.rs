@@ -128,6 +128,11 @@ impl EtcdHeld {
         self.session.id()
     }
 
+    /// The connection, for writes guarded by the lock key's create revision.
+    pub fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
     pub fn deadline(&self) -> BootInstant {
         self.session.now().deadline
     }
