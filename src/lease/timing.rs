@@ -5,7 +5,10 @@
 //! lets the unit tests below drive every rule with made-up instants.
 //!
 //! `D = t_send + TTL / (1 + drift) - margin`, where `t_send` is taken just before the request was
-//! written and only a reply with TTL > 0 moves `D`, and never backwards.
+//! written and only a reply with TTL > 0 moves `D`, and never backwards. A keepalive reply counts
+//! only once the quorum vouches for it: a linearizable read of the own key, sent through the same
+//! member after the reply, must come back in the same raft term and show the key still ours
+//! (docs/quorum.md says why that is enough, and why one member's lessor is not).
 
 use std::fmt;
 use std::time::Duration;
@@ -120,8 +123,38 @@ pub enum Next {
     SleepUntil(BootInstant),
     /// A keepalive is in flight; if its reply has not come by this instant, call [`Schedule::failed`].
     AwaitReplyUntil(BootInstant),
+    /// Its reply came: send the confirming read through the same member now (call
+    /// [`Schedule::reading`]); if its answer has not come by this instant, call [`Schedule::failed`].
+    ConfirmBy(BootInstant),
+    /// The confirming read is in flight, due by this instant.
+    AwaitReadUntil(BootInstant),
     /// The stop time has come: the lease must be treated as lost.
     Lost,
+}
+
+/// A keepalive reply: the TTL, and the raft term in its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub ttl: i64,
+    pub term: u64,
+}
+
+/// The answer to the confirming read: the raft term in its header, and the own key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Read {
+    pub term: u64,
+    pub key: KeySeen,
+}
+
+/// What the confirming read found at the own key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySeen {
+    /// There, with the create revision it was given.
+    Ours,
+    /// Not there: deleted, or its lease ended.
+    Gone,
+    /// There with another create revision: another holder's.
+    Replaced,
 }
 
 /// What a reply did to the lease.
@@ -129,11 +162,31 @@ pub enum Next {
 pub enum Verdict {
     /// The deadline is now this instant.
     Extended(BootInstant),
+    /// The keepalive was answered; `D` moves once the read confirms it ([`Next::ConfirmBy`]).
+    ToConfirm,
     /// The server says the lease is gone (TTL <= 0), the reply came after the stop time, or it
     /// granted a TTL the rules cannot work with.
     Lost(LossReason),
+    /// The confirming read found the own key gone or replaced: lost.
+    KeyLost(KeySeen),
+    /// Counted as a failure: the reply came late, or the read's term differs from the
+    /// keepalive's. Retry, through another member where there is one.
+    Failed,
     /// No request was in flight: a late or duplicate reply, which never moves the deadline.
     Ignored,
+}
+
+/// Where the renewal in progress is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing in flight; the next keepalive is due at `next_send`.
+    Idle,
+    /// A keepalive sent at `t_send` awaits its reply.
+    Sent { t_send: BootInstant },
+    /// Its reply came; the confirming read is to be sent.
+    Replied { t_send: BootInstant, kept: Kept },
+    /// The confirming read is in flight.
+    Reading { t_send: BootInstant, kept: Kept },
 }
 
 /// The renewal state of one granted lease.
@@ -147,14 +200,15 @@ pub struct Schedule {
     deadline: BootInstant,
     /// When the next keepalive is due, if none is in flight.
     next_send: BootInstant,
-    /// `t_send` of the keepalive awaiting its reply.
-    in_flight: Option<BootInstant>,
+    /// The renewal in progress.
+    phase: Phase,
     /// Failures since the last good reply, for the retry schedule.
     failures: u32,
 }
 
 impl Schedule {
-    /// The schedule after a grant sent at `t_send` was answered with `ttl_secs`.
+    /// The schedule after a grant sent at `t_send` was answered with `ttl_secs`. A grant goes
+    /// through raft, so the quorum has vouched for it already.
     pub fn granted(params: Params, t_send: BootInstant, ttl_secs: i64) -> Result<Self, GrantError> {
         if ttl_secs <= 0 {
             return Err(GrantError::Expired);
@@ -167,7 +221,7 @@ impl Schedule {
             timing,
             deadline: timing.deadline(t_send),
             next_send: t_send + timing.renew_every(),
-            in_flight: None,
+            phase: Phase::Idle,
             failures: 0,
         })
     }
@@ -190,64 +244,106 @@ impl Schedule {
     /// What to do at `now`.
     pub fn next(&self, now: BootInstant) -> Next {
         if now >= self.stop_at() {
-            Next::Lost
-        } else if let Some(t_send) = self.in_flight {
-            Next::AwaitReplyUntil(self.reply_due(t_send))
-        } else if now >= self.next_send {
-            Next::Send
-        } else {
-            Next::SleepUntil(self.next_send.min(self.stop_at()))
+            return Next::Lost;
+        }
+        match self.phase {
+            Phase::Idle if now >= self.next_send => Next::Send,
+            Phase::Idle => Next::SleepUntil(self.next_send.min(self.stop_at())),
+            Phase::Sent { t_send } => Next::AwaitReplyUntil(self.reply_due(t_send)),
+            Phase::Replied { t_send, .. } => Next::ConfirmBy(self.reply_due(t_send)),
+            Phase::Reading { t_send, .. } => Next::AwaitReadUntil(self.reply_due(t_send)),
         }
     }
 
-    /// A reply later than this is a failure: by the stop time, and at most one renewal period, so
-    /// that a hung stream is rebuilt while there is still time to renew over another connection.
+    /// A renewal (keepalive and confirming read) answered later than this is a failure: by the
+    /// stop time, and at most one renewal period after the send, so that a hung member is left
+    /// while there is still time to renew through another.
     fn reply_due(&self, t_send: BootInstant) -> BootInstant {
         (t_send + self.timing.renew_every()).min(self.stop_at())
     }
 
     /// A keepalive was written; `t_send` was read just before.
     pub fn sent(&mut self, t_send: BootInstant) {
-        self.in_flight = Some(t_send);
-    }
-
-    /// A reply arrived at `now` carrying `ttl_secs`.
-    pub fn replied(&mut self, now: BootInstant, ttl_secs: i64) -> Verdict {
-        let Some(t_send) = self.in_flight.take() else {
-            return Verdict::Ignored;
-        };
-        if ttl_secs <= 0 {
-            return Verdict::Lost(LossReason::Expired);
-        }
-        if now >= self.stop_at() {
-            return Verdict::Lost(LossReason::NotRenewed);
-        }
-        if now >= self.reply_due(t_send) {
-            self.failed(now);
-            return Verdict::Ignored;
-        }
-        // A TTL the rules cannot work with (a server that shortened the lease) is not renewal.
-        match self.params.effective(Duration::from_secs(ttl_secs as u64)) {
-            Ok(timing) => self.timing = timing,
-            Err(_) => return Verdict::Lost(LossReason::TtlDoesNotFit(ttl_secs)),
-        }
-        self.deadline = self.deadline.max(self.timing.deadline(t_send));
-        self.next_send = t_send + self.timing.renew_every();
-        self.failures = 0;
-        Verdict::Extended(self.deadline)
+        self.phase = Phase::Sent { t_send };
     }
 
     /// The keepalive stream opened. The client sent its first keepalive and read the reply
     /// itself, telling only that the lease lives (no TTL, no header), so it moves nothing: the
     /// renewal is sent again at once on the open stream.
     pub fn opened(&mut self) {
-        self.in_flight = None;
+        self.phase = Phase::Idle;
     }
 
-    /// The request in flight failed or its reply is late (seen at `now`): retry at once, then
-    /// every TTL/10. A reply to the abandoned request must not arrive on the rebuilt stream.
+    /// A keepalive reply arrived at `now`. It moves nothing yet: a member whose raft loop is
+    /// stuck still answers from its stale lessor, so the read must confirm it.
+    pub fn replied(&mut self, now: BootInstant, kept: Kept) -> Verdict {
+        let Phase::Sent { t_send } = self.phase else {
+            return Verdict::Ignored;
+        };
+        if kept.ttl <= 0 {
+            return Verdict::Lost(LossReason::Expired);
+        }
+        if let Some(v) = self.too_late(now, t_send) {
+            return v;
+        }
+        // A TTL the rules cannot work with (a server that shortened the lease) is not renewal.
+        if self.params.effective(ttl_of(kept)).is_err() {
+            return Verdict::Lost(LossReason::TtlDoesNotFit(kept.ttl));
+        }
+        self.phase = Phase::Replied { t_send, kept };
+        Verdict::ToConfirm
+    }
+
+    /// The confirming read is being sent.
+    pub fn reading(&mut self) {
+        if let Phase::Replied { t_send, kept } = self.phase {
+            self.phase = Phase::Reading { t_send, kept };
+        }
+    }
+
+    /// The confirming read answered at `now`. The keepalive counts, from its own `t_send`, when
+    /// the read came back in the keepalive's raft term and shows the own key (docs/quorum.md).
+    pub fn confirmed(&mut self, now: BootInstant, read: Read) -> Verdict {
+        let Phase::Reading { t_send, kept } = self.phase else {
+            return Verdict::Ignored;
+        };
+        if read.key != KeySeen::Ours {
+            return Verdict::KeyLost(read.key);
+        }
+        if let Some(v) = self.too_late(now, t_send) {
+            return v;
+        }
+        if read.term != kept.term {
+            self.failed(now);
+            return Verdict::Failed;
+        }
+        match self.params.effective(ttl_of(kept)) {
+            Ok(timing) => self.timing = timing,
+            Err(_) => return Verdict::Lost(LossReason::TtlDoesNotFit(kept.ttl)),
+        }
+        self.deadline = self.deadline.max(self.timing.deadline(t_send));
+        self.next_send = t_send + self.timing.renew_every();
+        self.phase = Phase::Idle;
+        self.failures = 0;
+        Verdict::Extended(self.deadline)
+    }
+
+    /// An answer at `now` to the renewal sent at `t_send` that comes too late to count.
+    fn too_late(&mut self, now: BootInstant, t_send: BootInstant) -> Option<Verdict> {
+        if now >= self.stop_at() {
+            return Some(Verdict::Lost(LossReason::NotRenewed));
+        }
+        if now >= self.reply_due(t_send) {
+            self.failed(now);
+            return Some(Verdict::Failed);
+        }
+        None
+    }
+
+    /// The renewal in progress failed or is late (seen at `now`): retry at once, then every
+    /// TTL/10. A reply to the abandoned request must not arrive on the rebuilt stream.
     pub fn failed(&mut self, now: BootInstant) {
-        self.in_flight = None;
+        self.phase = Phase::Idle;
         self.failures += 1;
         self.next_send = if self.failures == 1 {
             now
@@ -255,6 +351,10 @@ impl Schedule {
             now + self.timing.retry_every()
         };
     }
+}
+
+fn ttl_of(kept: Kept) -> Duration {
+    Duration::from_secs(kept.ttl.max(0) as u64)
 }
 
 /// Why a grant did not give a usable lease.
@@ -294,16 +394,163 @@ mod tests {
         Schedule::granted(params(10), at(ms), 10).unwrap()
     }
 
+    /// D of a renewal sent at `ms` with TTL 10 s: t_send + 10 s / 1.1 - 1 s.
+    fn d(ms: u64) -> BootInstant {
+        at(ms) + Duration::from_nanos(8_090_909_090)
+    }
+
+    const TERM: u64 = 4;
+
+    fn kept(ttl: i64) -> Kept {
+        Kept { ttl, term: TERM }
+    }
+
+    fn read(term: u64, key: KeySeen) -> Read {
+        Read { term, key }
+    }
+
+    /// A keepalive sent at `send`, answered with `ttl` at `reply`, confirmed in the same term
+    /// with the own key at `confirm`.
+    fn renew(s: &mut Schedule, send: u64, reply: u64, confirm: u64, ttl: i64) -> Verdict {
+        s.sent(at(send));
+        match s.replied(at(reply), kept(ttl)) {
+            Verdict::ToConfirm => {}
+            other => return other,
+        }
+        s.reading();
+        s.confirmed(at(confirm), read(TERM, KeySeen::Ours))
+    }
+
     #[test]
-    fn deadline_counts_from_the_send_not_the_reply() {
+    fn deadline_counts_from_the_keepalive_send_not_the_reply_nor_the_read() {
         let mut s = granted_at(0);
-        // D = 0 + 10 s / 1.1 - 1 s = 8090.909 ms
-        assert_near(s.deadline(), at(0) + Duration::from_nanos(8_090_909_090));
-        s.sent(at(3_000));
-        let Verdict::Extended(d) = s.replied(at(3_400), 10) else {
-            panic!("a timely reply extends the lease")
+        assert_near(s.deadline(), d(0));
+        let Verdict::Extended(dl) = renew(&mut s, 3_000, 3_400, 3_450, 10) else {
+            panic!("a timely, confirmed reply extends the lease")
         };
-        assert_near(d, at(3_000) + Duration::from_nanos(8_090_909_090));
+        assert_near(dl, d(3_000));
+    }
+
+    #[test]
+    fn a_keepalive_reply_alone_moves_nothing_until_the_read_confirms_it() {
+        let mut s = granted_at(5_000);
+        s.sent(at(6_000));
+        assert_eq!(s.replied(at(6_010), kept(10)), Verdict::ToConfirm);
+        assert_near(s.deadline(), d(5_000));
+        // The read is due by the same time as the keepalive's reply: TTL/3 after the send.
+        let due = at(6_000) + Duration::from_nanos(3_333_333_333);
+        assert_eq!(s.next(at(6_010)), Next::ConfirmBy(due));
+        s.reading();
+        assert_eq!(s.next(at(6_020)), Next::AwaitReadUntil(due));
+    }
+
+    #[test]
+    fn a_read_in_another_raft_term_is_a_failure_and_the_renewal_is_retried_at_once() {
+        let mut s = granted_at(0);
+        s.sent(at(3_000));
+        s.replied(at(3_010), kept(10));
+        s.reading();
+        assert_eq!(
+            s.confirmed(at(3_020), read(TERM + 1, KeySeen::Ours)),
+            Verdict::Failed
+        );
+        assert_near(s.deadline(), d(0));
+        assert_eq!(s.next(at(3_020)), Next::Send);
+    }
+
+    #[test]
+    fn a_stale_member_never_moves_the_deadline_and_the_stop_time_loses_the_lease() {
+        // Its lessor answers every keepalive; its reads never come back in time.
+        let mut s = granted_at(0);
+        let mut now = 3_334;
+        while let Next::Send = s.next(at(now)) {
+            s.sent(at(now));
+            assert_eq!(s.replied(at(now + 5), kept(10)), Verdict::ToConfirm);
+            s.reading();
+            let Next::AwaitReadUntil(due) = s.next(at(now + 5)) else {
+                panic!("the read is in flight")
+            };
+            s.failed(due);
+            now = at(0).until(due).as_millis() as u64 + 1_000;
+        }
+        assert_eq!(s.next(s.stop_at()), Next::Lost);
+        assert_near(s.deadline(), d(0));
+    }
+
+    #[test]
+    fn an_election_between_keepalive_and_read_costs_one_retry_not_the_lease() {
+        let mut s = granted_at(0);
+        s.sent(at(3_334));
+        s.replied(at(3_340), kept(10));
+        s.reading();
+        assert_eq!(
+            s.confirmed(at(3_350), read(TERM + 1, KeySeen::Ours)),
+            Verdict::Failed
+        );
+        // Retried at once through another member, now in the new term.
+        s.sent(at(3_350));
+        s.replied(
+            at(3_360),
+            Kept {
+                ttl: 10,
+                term: TERM + 1,
+            },
+        );
+        s.reading();
+        let Verdict::Extended(dl) = s.confirmed(at(3_370), read(TERM + 1, KeySeen::Ours)) else {
+            panic!("the retry in the new term renews")
+        };
+        assert_near(dl, d(3_350));
+    }
+
+    #[test]
+    fn a_read_that_finds_the_own_key_gone_or_replaced_loses_the_lease() {
+        for seen in [KeySeen::Gone, KeySeen::Replaced] {
+            let mut s = granted_at(0);
+            s.sent(at(3_000));
+            s.replied(at(3_010), kept(10));
+            s.reading();
+            assert_eq!(
+                s.confirmed(at(3_020), read(TERM + 7, seen)),
+                Verdict::KeyLost(seen)
+            );
+        }
+    }
+
+    #[test]
+    fn a_confirming_read_after_its_due_time_is_a_failure_after_the_stop_time_lost() {
+        let mut s = granted_at(5_000);
+        s.sent(at(6_000));
+        s.replied(at(6_010), kept(10));
+        s.reading();
+        let due = at(6_000) + Duration::from_nanos(3_333_333_333);
+        assert_eq!(s.confirmed(due, read(TERM, KeySeen::Ours)), Verdict::Failed);
+        assert_near(s.deadline(), d(5_000));
+        let mut s = granted_at(0);
+        s.sent(at(5_000));
+        s.replied(at(5_010), kept(10));
+        s.reading();
+        let stop = s.stop_at();
+        assert_eq!(
+            s.confirmed(stop, read(TERM, KeySeen::Ours)),
+            Verdict::Lost(LossReason::NotRenewed)
+        );
+    }
+
+    #[test]
+    fn a_read_answer_with_no_read_in_flight_is_ignored() {
+        let mut s = granted_at(0);
+        assert_eq!(
+            s.confirmed(at(100), read(TERM, KeySeen::Ours)),
+            Verdict::Ignored
+        );
+        s.sent(at(3_000));
+        assert_eq!(
+            s.confirmed(at(3_100), read(TERM, KeySeen::Ours)),
+            Verdict::Ignored,
+            "the keepalive's reply has not come yet"
+        );
+        assert_near(s.deadline(), d(0));
     }
 
     #[test]
@@ -328,12 +575,14 @@ mod tests {
 
     #[test]
     fn a_reply_with_ttl_zero_or_less_means_stop_now() {
-        let mut s = granted_at(0);
-        s.sent(at(3_333));
-        assert_eq!(s.replied(at(3_400), 0), Verdict::Lost(LossReason::Expired));
-        let mut s = granted_at(0);
-        s.sent(at(3_333));
-        assert_eq!(s.replied(at(3_400), -1), Verdict::Lost(LossReason::Expired));
+        for ttl in [0, -1] {
+            let mut s = granted_at(0);
+            s.sent(at(3_333));
+            assert_eq!(
+                s.replied(at(3_400), kept(ttl)),
+                Verdict::Lost(LossReason::Expired)
+            );
+        }
         assert_eq!(
             Schedule::granted(params(10), at(0), 0).unwrap_err(),
             GrantError::Expired
@@ -344,10 +593,10 @@ mod tests {
     fn a_reply_with_nothing_in_flight_never_extends_the_deadline() {
         let mut s = granted_at(0);
         let before = s.deadline();
-        assert_eq!(s.replied(at(100), 10), Verdict::Ignored);
+        assert_eq!(s.replied(at(100), kept(10)), Verdict::Ignored);
         s.sent(at(3_333));
         s.failed(at(3_400));
-        assert_eq!(s.replied(at(3_500), 10), Verdict::Ignored);
+        assert_eq!(s.replied(at(3_500), kept(10)), Verdict::Ignored);
         assert_eq!(s.deadline(), before);
     }
 
@@ -359,7 +608,7 @@ mod tests {
         // due by t_send + TTL/3, which comes before the stop time here
         let due = at(1_000) + Duration::from_secs(10) / 3;
         assert_eq!(s.next(at(2_000)), Next::AwaitReplyUntil(due));
-        assert_eq!(s.replied(due, 10), Verdict::Ignored);
+        assert_eq!(s.replied(due, kept(10)), Verdict::Failed);
         assert_eq!(s.deadline(), before);
         assert_eq!(s.next(due), Next::Send, "retry at once after a failure");
     }
@@ -375,12 +624,24 @@ mod tests {
     fn a_shorter_ttl_for_a_later_send_never_moves_the_deadline_backwards() {
         let mut s = granted_at(5_000);
         let before = s.deadline();
-        // a reply granting a shorter TTL for a later send must not shorten D either
-        s.sent(at(5_100));
-        let Verdict::Extended(d) = s.replied(at(5_200), 2) else {
+        let Verdict::Extended(dl) = renew(&mut s, 5_100, 5_200, 5_210, 2) else {
             panic!("extended")
         };
-        assert_eq!(d, before);
+        assert_eq!(dl, before);
+    }
+
+    #[test]
+    fn a_ttl_too_short_for_the_rules_is_lost() {
+        let p = Params {
+            kill_after: Some(Duration::from_secs(4)),
+            ..params(10)
+        };
+        let mut s = Schedule::granted(p, at(0), 10).unwrap();
+        s.sent(at(1_000));
+        assert_eq!(
+            s.replied(at(1_010), kept(2)),
+            Verdict::Lost(LossReason::TtlDoesNotFit(2))
+        );
     }
 
     #[test]
@@ -395,8 +656,9 @@ mod tests {
     fn a_reply_after_the_stop_time_is_lost_not_renewed() {
         let mut s = granted_at(0);
         s.sent(at(5_000));
+        let stop = s.stop_at();
         assert_eq!(
-            s.replied(s.stop_at(), 10),
+            s.replied(stop, kept(10)),
             Verdict::Lost(LossReason::NotRenewed)
         );
     }
@@ -411,10 +673,12 @@ mod tests {
         s.sent(at(3_350));
         s.failed(at(3_360));
         assert_eq!(s.next(at(3_360)), Next::SleepUntil(at(4_360)));
-        s.sent(at(4_360));
-        assert!(matches!(s.replied(at(4_370), 10), Verdict::Extended(_)));
+        assert!(matches!(
+            renew(&mut s, 4_360, 4_370, 4_380, 10),
+            Verdict::Extended(_)
+        ));
         assert_eq!(
-            s.next(at(4_370)),
+            s.next(at(4_380)),
             Next::SleepUntil(at(4_360) + Duration::from_nanos(3_333_333_333))
         );
     }

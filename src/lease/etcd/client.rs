@@ -106,6 +106,50 @@ impl Conn {
     }
 }
 
+/// One client per endpoint, each dialled when first used, so that a renewal and the read that
+/// confirms it go through the same member, and a failed renewal can leave that member for the
+/// next: the balancing client cannot tell a member whose raft loop is stuck from a healthy one.
+pub struct Members {
+    cfg: EtcdConfig,
+    conns: Vec<Option<Conn>>,
+    at: usize,
+}
+
+impl Members {
+    /// The members of `cfg`'s endpoints. With one endpoint, `conn` (already dialled) is it.
+    pub fn new(cfg: &EtcdConfig, conn: &Conn) -> Self {
+        let mut conns: Vec<Option<Conn>> = vec![None; cfg.endpoints.len()];
+        if let [only] = conns.as_mut_slice() {
+            *only = Some(conn.clone());
+        }
+        Self {
+            cfg: cfg.clone(),
+            conns,
+            at: 0,
+        }
+    }
+
+    /// The member in use, dialled now if it was not yet.
+    pub async fn current(&mut self) -> Result<&Conn, Error> {
+        let at = self.at;
+        let conn = match self.conns[at].take() {
+            Some(conn) => conn,
+            None => Conn::dial_to(&self.cfg, &self.cfg.endpoints[at..=at]).await?,
+        };
+        Ok(self.conns[at].insert(conn))
+    }
+
+    /// The URL of the member in use.
+    pub fn endpoint(&self) -> &str {
+        &self.cfg.endpoints[self.at]
+    }
+
+    /// Move on to the next member (the same one when there is only one).
+    pub fn leave(&mut self) {
+        self.at = (self.at + 1) % self.conns.len();
+    }
+}
+
 fn connect_options(cfg: &EtcdConfig) -> ConnectOptions {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(cfg.dial_timeout)

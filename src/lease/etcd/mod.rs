@@ -14,10 +14,12 @@ mod session;
 
 use std::time::Duration;
 
-use self::client::Conn;
+use tokio::sync::watch;
+
+use self::client::{Conn, Members};
 use self::mutex::{Queued, Turn};
 pub use self::session::KeeperState;
-use self::session::Session;
+use self::session::{Grant, OwnKey, Session};
 use super::timing::Params;
 use crate::clock::BootInstant;
 use crate::config::EtcdConfig;
@@ -28,8 +30,18 @@ pub struct Etcd {
     conn: Conn,
     cfg: EtcdConfig,
     params: Params,
-    /// The session of the attempt in progress, so an abandoned wait can be undone.
-    session: Option<Session>,
+    /// How far the attempt in progress got, so that an abandoned one can be undone.
+    attempt: Attempt,
+}
+
+/// What an attempt to take the lease has made so far.
+enum Attempt {
+    /// Nothing to undo.
+    None,
+    /// A lease granted, its key not queued yet: revoke it.
+    Granted(i64),
+    /// The key queued and the lease kept: stop keeping it, and revoke it.
+    Kept(Session),
 }
 
 /// A lease that is ours, as the run loop sees it.
@@ -49,7 +61,7 @@ impl Etcd {
             conn: Conn::dial(cfg).await?,
             cfg: cfg.clone(),
             params,
-            session: None,
+            attempt: Attempt::None,
         })
     }
 
@@ -62,11 +74,7 @@ impl Etcd {
         block: bool,
     ) -> Result<EtcdHeld, Error> {
         loop {
-            let session = Session::grant(&self.conn, self.cfg.dial_timeout, self.params).await?;
-            let id = session.id();
-            let state = session.watch();
-            self.session = Some(session);
-            let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
+            let (queued, state) = self.queue(name, record).await?;
             let turn = match queued.owned {
                 true => Turn::Ours {
                     read_at: queued.read_at,
@@ -87,16 +95,43 @@ impl Etcd {
         }
     }
 
+    /// Grant a lease, put its key behind the others, and start keeping it. Returns the key and
+    /// the keeper's state.
+    async fn queue(
+        &mut self,
+        name: &str,
+        record: &[u8],
+    ) -> Result<(Queued, watch::Receiver<KeeperState>), Error> {
+        let grant = Grant::ask(&self.conn, self.cfg.dial_timeout, self.params).await?;
+        let id = grant.id;
+        self.attempt = Attempt::Granted(id);
+        let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
+        let own = OwnKey {
+            key: queued.key.clone(),
+            revision: queued.revision,
+        };
+        let members = Members::new(&self.cfg, &self.conn);
+        let session = Session::keep(grant, members, own);
+        let state = session.watch();
+        self.attempt = Attempt::Kept(session);
+        Ok((queued, state))
+    }
+
     /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not
     /// re-check after a wait). The key was read at `read_at`, by the lock transaction itself when
     /// there was no wait, else by the last look of the wait; `D` is checked now. Starts the
     /// watch on the own key from that revision on.
     fn confirm(&mut self, queued: Queued, read_at: i64) -> Option<EtcdHeld> {
-        let state = self.session.as_ref()?.now();
+        let Attempt::Kept(session) = &self.attempt else {
+            return None;
+        };
+        let state = session.now();
         if state.lost.is_some() || BootInstant::now() >= state.stop_at {
             return None;
         }
-        let mut session = self.session.take()?;
+        let Attempt::Kept(mut session) = std::mem::replace(&mut self.attempt, Attempt::None) else {
+            return None;
+        };
         let (client, key, revision) = (self.conn.client(), queued.key.clone(), queued.revision);
         session.spawn(move |tx| mutex::watch_own_key(client, key, revision, read_at + 1, tx));
         Some(EtcdHeld {
@@ -109,8 +144,11 @@ impl Etcd {
 
     /// Undo an attempt: stop keeping its lease and revoke it, which deletes its key.
     pub async fn abandon(&mut self) {
-        if let Some(session) = self.session.take() {
-            session.revoke(&self.conn, self.cfg.dial_timeout).await;
+        let within = self.cfg.dial_timeout;
+        match std::mem::replace(&mut self.attempt, Attempt::None) {
+            Attempt::None => {}
+            Attempt::Granted(id) => session::revoke(&self.conn, id, within).await,
+            Attempt::Kept(session) => session.revoke(&self.conn, within).await,
         }
     }
 }

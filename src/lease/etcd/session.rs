@@ -14,10 +14,10 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::client::Conn;
+use super::client::{Conn, Members};
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lease::timing::{GrantError, Next, Params, Schedule, Verdict};
+use crate::lease::timing::{GrantError, Kept, KeySeen, Next, Params, Read, Schedule, Verdict};
 use crate::lease::LossReason;
 
 /// What the keeper and the own-key watch know about the lease.
@@ -45,6 +45,44 @@ impl KeeperState {
     }
 }
 
+/// A granted lease, not kept yet: the keeper's confirming reads need the key queued next.
+pub struct Grant {
+    pub id: i64,
+    schedule: Schedule,
+}
+
+impl Grant {
+    /// Grant a lease of `params.ttl`. A granted TTL the timing rules cannot work with is revoked
+    /// at once and reported as bad usage.
+    pub async fn ask(conn: &Conn, within: Duration, params: Params) -> Result<Self, Error> {
+        let t_send = BootInstant::now();
+        let ttl = ttl_secs(params.ttl);
+        let grant = conn
+            .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
+            .await?;
+        match Schedule::granted(params, t_send, grant.ttl()) {
+            Ok(schedule) => Ok(Self {
+                id: grant.id(),
+                schedule,
+            }),
+            Err(GrantError::Expired) => {
+                Err(Error::Unavailable("etcd granted a lease with TTL 0".into()))
+            }
+            Err(GrantError::DoesNotFit(e)) => {
+                revoke(conn, grant.id(), within).await;
+                Err(Error::Usage(e.to_string()))
+            }
+        }
+    }
+}
+
+/// The own lock key and its create revision, as the confirming read checks them.
+#[derive(Clone, Debug)]
+pub struct OwnKey {
+    pub key: String,
+    pub revision: i64,
+}
+
 /// A granted lease and the tasks that keep it (the keeper, and once held, the own-key watch).
 pub struct Session {
     id: i64,
@@ -55,43 +93,22 @@ pub struct Session {
 }
 
 impl Session {
-    /// Grant a lease of `params.ttl` and start keeping it. A granted TTL the timing rules cannot
-    /// work with is revoked at once and reported as bad usage.
-    pub async fn grant(conn: &Conn, within: Duration, params: Params) -> Result<Self, Error> {
-        let t_send = BootInstant::now();
-        let ttl = ttl_secs(params.ttl);
-        let grant = conn
-            .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
-            .await?;
-        match Schedule::granted(params, t_send, grant.ttl()) {
-            Ok(schedule) => Ok(Self::keep(conn.client(), grant.id(), schedule)),
-            Err(GrantError::Expired) => {
-                Err(Error::Unavailable("etcd granted a lease with TTL 0".into()))
-            }
-            Err(GrantError::DoesNotFit(e)) => {
-                let id = grant.id();
-                let _ = conn
-                    .call(within, |mut c| async move { c.lease_revoke(id).await })
-                    .await;
-                Err(Error::Usage(e.to_string()))
-            }
-        }
-    }
-
-    fn keep(client: Client, id: i64, schedule: Schedule) -> Self {
-        let (tx, state) = watch::channel(KeeperState::granted(&schedule));
+    /// Start keeping `grant`, whose key is `own`, renewing through `members`.
+    pub fn keep(grant: Grant, members: Members, own: OwnKey) -> Self {
+        let (tx, state) = watch::channel(KeeperState::granted(&grant.schedule));
         let keeper = Keeper {
-            lease: id,
-            link: EtcdLink::new(client, id),
+            lease: grant.id,
+            link: EtcdLink::new(members, grant.id, own.clone()),
+            own,
             clock: Boot,
-            schedule,
+            schedule: grant.schedule,
             tx: tx.clone(),
         };
         let task = tokio::spawn(async move {
             keeper.run().await;
         });
         Self {
-            id,
+            id: grant.id,
             state,
             tx,
             tasks: vec![task],
@@ -133,13 +150,17 @@ impl Session {
         for t in &self.tasks {
             t.abort();
         }
-        let id = self.id;
-        let revoked = conn
-            .retrying_within(within, |mut c| async move { c.lease_revoke(id).await })
-            .await;
-        if let Err(e) = revoked {
-            tracing::debug!(error = %e, "revoking the lease failed; it will expire by its TTL");
-        }
+        revoke(conn, self.id, within).await;
+    }
+}
+
+/// Revoke lease `id` within `within`; a failure only means it ends by its TTL.
+pub async fn revoke(conn: &Conn, id: i64, within: Duration) {
+    let revoked = conn
+        .retrying_within(within, |mut c| async move { c.lease_revoke(id).await })
+        .await;
+    if let Err(e) = revoked {
+        tracing::debug!(error = %e, "revoking the lease failed; it will expire by its TTL");
     }
 }
 
@@ -166,18 +187,21 @@ fn ttl_secs(ttl: Duration) -> i64 {
     ttl.as_secs_f64().ceil().max(1.0) as i64
 }
 
-/// A keepalive stream, as the keeper uses it.
+/// A keepalive stream and the member it runs to, as the keeper uses them.
 trait Link {
     /// Open the stream. The client sends its first keepalive and reads the reply itself,
     /// telling only whether the lease lives.
     async fn open(&mut self) -> Result<(), LinkError>;
     /// Write one keepalive on the open stream.
     async fn send(&mut self) -> Result<(), LinkError>;
-    /// The next reply's TTL.
-    async fn reply(&mut self) -> Result<i64, LinkError>;
+    /// The next reply: its TTL and raft term.
+    async fn reply(&mut self) -> Result<Kept, LinkError>;
+    /// A linearizable read of the own key through the same member.
+    async fn read(&mut self) -> Result<Read, LinkError>;
     fn is_open(&self) -> bool;
-    /// Drop the stream, so that a reply to an abandoned keepalive cannot arrive on the next one.
-    fn close(&mut self);
+    /// Drop the stream, so that a reply to an abandoned keepalive cannot arrive on the next
+    /// one, and move on to the next member where there are several.
+    fn leave(&mut self);
 }
 
 /// How a keepalive stream failed.
@@ -216,26 +240,39 @@ impl Clock for Boot {
     }
 }
 
-/// The keepalive stream of one lease on an etcd client.
+/// The keepalive stream of one lease, through one member at a time.
 struct EtcdLink {
-    client: Client,
+    members: Members,
     id: i64,
+    own: OwnKey,
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
 }
 
 impl EtcdLink {
-    fn new(client: Client, id: i64) -> Self {
+    fn new(members: Members, id: i64, own: OwnKey) -> Self {
         Self {
-            client,
+            members,
             id,
+            own,
             stream: None,
+        }
+    }
+
+    async fn client(&mut self) -> Result<Client, LinkError> {
+        match self.members.current().await {
+            Ok(conn) => Ok(conn.client()),
+            Err(e) => Err(LinkError::Broken(format!(
+                "dialling {} failed: {e}",
+                self.members.endpoint()
+            ))),
         }
     }
 }
 
 impl Link for EtcdLink {
     async fn open(&mut self) -> Result<(), LinkError> {
-        match self.client.lease_keep_alive(self.id).await {
+        let mut client = self.client().await?;
+        match client.lease_keep_alive(self.id).await {
             Ok(pair) => {
                 self.stream = Some(pair);
                 Ok(())
@@ -243,22 +280,26 @@ impl Link for EtcdLink {
             // "lease not found": the first reply carried TTL <= 0.
             Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(LinkError::Expired),
             Err(e) => Err(LinkError::Broken(format!(
-                "opening the keepalive stream failed: {e}"
+                "opening the keepalive stream to {} failed: {e}",
+                self.members.endpoint()
             ))),
         }
     }
 
     async fn send(&mut self) -> Result<(), LinkError> {
-        let broken = || LinkError::Broken("the keepalive stream broke: rebuilding it".into());
+        let broken = || LinkError::Broken("the keepalive stream broke".into());
         let (keeper, _) = self.stream.as_mut().ok_or_else(broken)?;
         keeper.keep_alive().await.map_err(|_| broken())
     }
 
-    async fn reply(&mut self) -> Result<i64, LinkError> {
-        let ended = || LinkError::Broken("the keepalive stream ended: rebuilding it".into());
+    async fn reply(&mut self) -> Result<Kept, LinkError> {
+        let ended = || LinkError::Broken("the keepalive stream ended".into());
         let (_, replies) = self.stream.as_mut().ok_or_else(ended)?;
         match replies.message().await {
-            Ok(Some(r)) => Ok(r.ttl()),
+            Ok(Some(r)) => Ok(Kept {
+                ttl: r.ttl(),
+                term: r.header().map_or(0, |h| h.raft_term()),
+            }),
             Ok(None) => Err(ended()),
             Err(e) => Err(LinkError::Broken(format!(
                 "the keepalive stream failed: {e}"
@@ -266,12 +307,28 @@ impl Link for EtcdLink {
         }
     }
 
+    async fn read(&mut self) -> Result<Read, LinkError> {
+        let mut client = self.client().await?;
+        let resp = client
+            .get(self.own.key.as_str(), None)
+            .await
+            .map_err(|e| LinkError::Broken(format!("the confirming read failed: {e}")))?;
+        let key = match resp.kvs().first().map(|kv| kv.create_revision()) {
+            Some(rev) if rev == self.own.revision => KeySeen::Ours,
+            Some(_) => KeySeen::Replaced,
+            None => KeySeen::Gone,
+        };
+        let term = resp.header().map_or(0, |h| h.raft_term());
+        Ok(Read { term, key })
+    }
+
     fn is_open(&self) -> bool {
         self.stream.is_some()
     }
 
-    fn close(&mut self) {
+    fn leave(&mut self) {
         self.stream = None;
+        self.members.leave();
     }
 }
 
@@ -282,9 +339,11 @@ enum Outcome {
     Nothing,
     /// The stream opened.
     Opened,
-    /// A reply came with this TTL.
-    Replied(i64),
-    /// The stream failed, or no reply came in time.
+    /// A keepalive reply came.
+    Kept(Kept),
+    /// The confirming read came back.
+    Read(Read),
+    /// The stream or the read failed, or no answer came in time.
     Failed(String),
     /// etcd does not know the lease.
     Expired,
@@ -295,6 +354,8 @@ struct Keeper<L, C> {
     /// The lease id, for the logs.
     lease: i64,
     link: L,
+    /// The own key, for the reasons of a loss.
+    own: OwnKey,
     clock: C,
     schedule: Schedule,
     tx: watch::Sender<KeeperState>,
@@ -317,37 +378,47 @@ impl<L: Link, C: Clock> Keeper<L, C> {
                 }
                 Next::Send => self.send(now).await,
                 Next::AwaitReplyUntil(due) => self.receive(due).await,
+                Next::ConfirmBy(due) | Next::AwaitReadUntil(due) => self.confirm(due).await,
             };
         }
     }
 
     /// Apply the previous step's outcome, seen at `now`.
     fn judge(&mut self, now: BootInstant, outcome: Outcome) -> Result<(), LossReason> {
-        match outcome {
-            Outcome::Nothing => {}
-            Outcome::Opened => self.schedule.opened(),
+        let verdict = match outcome {
+            Outcome::Nothing => return Ok(()),
+            Outcome::Opened => {
+                self.schedule.opened();
+                return Ok(());
+            }
             Outcome::Failed(why) => {
-                tracing::warn!(lease = format!("{:x}", self.lease), reason = %why, "renewal failed");
-                trouble(&self.tx, &why);
-                self.link.close();
                 self.schedule.failed(now);
+                self.leave(&why);
+                return Ok(());
             }
             Outcome::Expired => return Err(LossReason::Expired),
-            Outcome::Replied(ttl) => {
-                let verdict = self.schedule.replied(now, ttl);
-                tracing::debug!(
-                    lease = format!("{:x}", self.lease),
-                    ?verdict,
-                    "keepalive reply"
-                );
-                match verdict {
-                    Verdict::Extended(d) => self.publish(d),
-                    Verdict::Lost(why) => return Err(why),
-                    Verdict::Ignored => {}
-                }
+            Outcome::Kept(kept) => self.schedule.replied(now, kept),
+            Outcome::Read(read) => self.schedule.confirmed(now, read),
+        };
+        tracing::debug!(lease = format!("{:x}", self.lease), ?verdict, "renewal");
+        match verdict {
+            Verdict::Extended(d) => self.publish(d),
+            Verdict::Lost(why) => return Err(why),
+            Verdict::KeyLost(KeySeen::Replaced) => {
+                return Err(LossReason::KeyReplaced(self.own.key.clone()))
             }
+            Verdict::KeyLost(_) => return Err(LossReason::KeyGone(self.own.key.clone())),
+            Verdict::Failed => self.leave("the renewal was not confirmed in time or in its term"),
+            Verdict::ToConfirm | Verdict::Ignored => {}
         }
         Ok(())
+    }
+
+    /// A renewal failed: say so once, and try the next one through another member.
+    fn leave(&mut self, why: &str) {
+        tracing::warn!(lease = format!("{:x}", self.lease), reason = %why, "renewal failed");
+        trouble(&self.tx, why);
+        self.link.leave();
     }
 
     /// A keepalive is due: write it on the open stream, or open one (which sends its own).
@@ -364,19 +435,28 @@ impl<L: Link, C: Clock> Keeper<L, C> {
 
     /// Wait, until `due` at the latest, for the reply (or for the stream to open).
     async fn receive(&mut self, due: BootInstant) -> Outcome {
-        let late = || Outcome::Failed("no keepalive reply in time: rebuilding the stream".into());
         if self.link.is_open() {
             match self.clock.by(due, self.link.reply()).await {
-                Some(Ok(ttl)) => Outcome::Replied(ttl),
+                Some(Ok(kept)) => Outcome::Kept(kept),
                 Some(Err(e)) => e.into(),
-                None => late(),
+                None => late("keepalive reply"),
             }
         } else {
             match self.clock.by(due, self.link.open()).await {
                 Some(Ok(())) => Outcome::Opened,
                 Some(Err(e)) => e.into(),
-                None => late(),
+                None => late("opened keepalive stream"),
             }
+        }
+    }
+
+    /// Read the own key through the member that answered the keepalive, by `due`.
+    async fn confirm(&mut self, due: BootInstant) -> Outcome {
+        self.schedule.reading();
+        match self.clock.by(due, self.link.read()).await {
+            Some(Ok(read)) => Outcome::Read(read),
+            Some(Err(e)) => e.into(),
+            None => late("confirming read"),
         }
     }
 
@@ -393,6 +473,10 @@ impl<L: Link, C: Clock> Keeper<L, C> {
         lose(&self.tx, why.clone());
         why
     }
+}
+
+fn late(what: &str) -> Outcome {
+    Outcome::Failed(format!("no {what} in time"))
 }
 
 impl From<LinkError> for Outcome {
@@ -412,7 +496,7 @@ mod tests {
 
     use super::*;
 
-    /// Made-up time: it moves only when the keeper sleeps, times out, or a reply takes time.
+    /// Made-up time: it moves only when the keeper sleeps, times out, or an answer takes time.
     #[derive(Clone)]
     struct FakeClock(Rc<Cell<BootInstant>>);
 
@@ -444,36 +528,47 @@ mod tests {
         }
     }
 
-    /// One scripted answer of the fake stream.
-    #[derive(Clone, Debug)]
+    const TERM: u64 = 4;
+
+    /// One scripted answer of the fake member.
+    #[derive(Clone, Copy, Debug)]
     enum Answer {
-        /// Comes after this long, with this TTL.
+        /// A keepalive reply (or an opened stream) after this many ms, with this TTL.
         Ttl(u64, i64),
+        /// A read after this many ms, in this raft term, finding the own key so.
+        Read(u64, u64, KeySeen),
+        /// A read that never comes back.
+        NoRead,
         /// Never comes.
         Hang,
         Broken,
         Expired,
     }
 
-    /// A keepalive stream that answers from a script and logs when each keepalive was written.
+    /// A member that answers from a script, and logs what the keeper did when. A read takes the
+    /// script's next answer only when that is a read's; otherwise it answers at once, in
+    /// [`TERM`], with the key ours. A stream with its script run out hangs.
     struct FakeLink {
         clock: FakeClock,
-        answers: Rc<RefCell<VecDeque<Answer>>>,
-        /// The instants at which a keepalive went out ("open" or "send").
+        answers: VecDeque<Answer>,
         log: Rc<RefCell<Vec<(&'static str, BootInstant)>>>,
         open: bool,
     }
 
     impl FakeLink {
-        /// The next answer; an empty script hangs.
-        async fn answer(&mut self) -> Result<i64, LinkError> {
-            let next = self.answers.borrow_mut().pop_front();
-            match next.unwrap_or(Answer::Hang) {
-                Answer::Ttl(ms, ttl) => {
+        fn note(&self, what: &'static str) {
+            self.log.borrow_mut().push((what, self.clock.now()));
+        }
+
+        /// The next answer, after its delay; an empty script hangs.
+        async fn answer(&mut self, empty: Answer) -> Result<Answer, LinkError> {
+            let next = self.answers.pop_front().unwrap_or(empty);
+            match next {
+                Answer::Ttl(ms, _) | Answer::Read(ms, _, _) => {
                     self.clock.advance(Duration::from_millis(ms));
-                    Ok(ttl)
+                    Ok(next)
                 }
-                Answer::Hang => std::future::pending().await,
+                Answer::Hang | Answer::NoRead => std::future::pending().await,
                 Answer::Broken => Err(LinkError::Broken("broken".into())),
                 Answer::Expired => Err(LinkError::Expired),
             }
@@ -482,26 +577,48 @@ mod tests {
 
     impl Link for FakeLink {
         async fn open(&mut self) -> Result<(), LinkError> {
-            self.log.borrow_mut().push(("open", self.clock.now()));
-            self.answer().await?;
+            self.note("open");
+            self.answer(Answer::Hang).await?;
             self.open = true;
             Ok(())
         }
 
         async fn send(&mut self) -> Result<(), LinkError> {
-            self.log.borrow_mut().push(("send", self.clock.now()));
+            self.note("send");
             Ok(())
         }
 
-        async fn reply(&mut self) -> Result<i64, LinkError> {
-            self.answer().await
+        async fn reply(&mut self) -> Result<Kept, LinkError> {
+            match self.answer(Answer::Hang).await? {
+                Answer::Ttl(_, ttl) => Ok(Kept { ttl, term: TERM }),
+                other => panic!("script: {other:?} where a keepalive reply was due"),
+            }
+        }
+
+        async fn read(&mut self) -> Result<Read, LinkError> {
+            self.note("read");
+            let scripted = matches!(
+                self.answers.front(),
+                Some(Answer::Read(..) | Answer::NoRead)
+            );
+            if !scripted {
+                return Ok(Read {
+                    term: TERM,
+                    key: KeySeen::Ours,
+                });
+            }
+            match self.answer(Answer::NoRead).await? {
+                Answer::Read(_, term, key) => Ok(Read { term, key }),
+                other => panic!("script: {other:?} where a read was due"),
+            }
         }
 
         fn is_open(&self) -> bool {
             self.open
         }
 
-        fn close(&mut self) {
+        fn leave(&mut self) {
+            self.note("leave");
             self.open = false;
         }
     }
@@ -510,9 +627,26 @@ mod tests {
         BootInstant::from_since_boot(Duration::from_secs(1000) + Duration::from_millis(ms))
     }
 
-    /// `D` of a keepalive sent at `ms` with TTL 10 s (drift 0.1, margin 1 s).
-    fn d(ms: u64) -> BootInstant {
-        at(ms) + Duration::from_nanos(8_090_909_090)
+    /// `D` of a keepalive sent at `t` with TTL 10 s (drift 0.1, margin 1 s).
+    fn d(t: BootInstant) -> BootInstant {
+        t + Duration::from_nanos(8_090_909_090)
+    }
+
+    /// The instant `n` thirds of the TTL after the grant.
+    fn thirds(n: u32) -> BootInstant {
+        at(0) + Duration::from_nanos(3_333_333_333) * n
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[track_caller]
+    fn assert_near(a: BootInstant, b: BootInstant) {
+        assert!(
+            a.until(b).max(b.until(a)) < Duration::from_micros(1),
+            "{a:?} != {b:?}"
+        );
     }
 
     struct Run {
@@ -539,9 +673,13 @@ mod tests {
             lease: 1,
             link: FakeLink {
                 clock: clock.clone(),
-                answers: Rc::new(RefCell::new(answers.iter().cloned().collect())),
+                answers: answers.iter().copied().collect(),
                 log: log.clone(),
                 open: false,
+            },
+            own: OwnKey {
+                key: "lw/job/1".into(),
+                revision: 7,
             },
             clock: clock.clone(),
             schedule,
@@ -561,25 +699,12 @@ mod tests {
         }
     }
 
-    /// The instant `n` thirds of the TTL after the grant.
-    fn thirds(n: u32) -> BootInstant {
-        at(0) + Duration::from_nanos(3_333_333_333) * n
-    }
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    #[track_caller]
-    fn assert_near(a: BootInstant, b: BootInstant) {
-        assert!(
-            a.until(b).max(b.until(a)) < Duration::from_micros(1),
-            "{a:?} != {b:?}"
-        );
+    fn events(r: &Run) -> Vec<&'static str> {
+        r.log.iter().map(|(what, _)| *what).collect()
     }
 
     #[test]
-    fn renews_every_third_of_the_ttl_and_the_opening_reply_moves_nothing() {
+    fn renews_every_third_of_the_ttl_each_keepalive_confirmed_by_a_read() {
         use Answer::Ttl;
         let r = run(&[Ttl(5, 10), Ttl(10, 10), Ttl(10, 10)]);
         let t1 = thirds(1) + ms(5);
@@ -590,16 +715,61 @@ mod tests {
             vec![
                 ("open", thirds(1)),
                 ("send", t1),
+                ("read", t1 + ms(10)),
                 ("send", t2),
-                ("send", t3)
+                ("read", t2 + ms(10)),
+                ("send", t3),
+                ("leave", r.state.stop_at),
             ],
-            "the stream opens when the first renewal is due, and a keepalive follows at once"
+            "the stream opens when the first renewal is due, its opening reply moves nothing, \
+             and a keepalive follows at once"
         );
-        // The keepalive sent at t2 renewed; the one at t3 hangs until the stop time.
-        assert_near(r.state.deadline, t2 + Duration::from_nanos(8_090_909_090));
+        assert_near(r.state.deadline, d(t2));
         assert_eq!(r.lost, LossReason::NotRenewed);
         assert_eq!(r.state.lost, Some(LossReason::NotRenewed));
         assert_eq!(r.at, r.state.stop_at, "gives up exactly at the stop time");
+    }
+
+    #[test]
+    fn a_stale_member_that_answers_keepalives_but_not_reads_never_renews() {
+        use Answer::{NoRead, Ttl};
+        // Its lessor says TTL 10 to every keepalive; its linearizable reads never return.
+        let script: Vec<Answer> = [Ttl(0, 10), Ttl(1, 10), NoRead].repeat(20);
+        let r = run(&script);
+        assert_near(r.state.deadline, d(at(0)));
+        assert_eq!(r.lost, LossReason::NotRenewed);
+        assert_eq!(r.at, r.state.stop_at);
+        assert!(events(&r).contains(&"leave"), "{:?}", r.log);
+    }
+
+    #[test]
+    fn a_read_in_another_term_leaves_the_member_and_the_next_one_renews() {
+        use Answer::{Read, Ttl};
+        let r = run(&[
+            Ttl(0, 10),
+            Ttl(1, 10),
+            Read(1, TERM - 1, KeySeen::Ours),
+            Ttl(0, 10),
+            Ttl(1, 10),
+        ]);
+        assert_eq!(
+            events(&r)[..7],
+            ["open", "send", "read", "leave", "open", "send", "read"]
+        );
+        // The retry went out at once, and it is the one that counted.
+        let retry = r.log[4].1;
+        assert_eq!(retry, thirds(1) + ms(2));
+        assert_near(r.state.deadline, d(retry));
+    }
+
+    #[test]
+    fn a_read_that_finds_the_key_gone_loses_the_lease_at_once() {
+        use Answer::{Read, Ttl};
+        let r = run(&[Ttl(0, 10), Ttl(1, 10), Read(1, TERM + 3, KeySeen::Gone)]);
+        assert_eq!(r.lost, LossReason::KeyGone("lw/job/1".into()));
+        assert_eq!(r.at, thirds(1) + ms(2));
+        let r = run(&[Ttl(0, 10), Ttl(1, 10), Read(1, TERM, KeySeen::Replaced)]);
+        assert_eq!(r.lost, LossReason::KeyReplaced("lw/job/1".into()));
     }
 
     #[test]
@@ -607,7 +777,7 @@ mod tests {
         let r = run(&[Answer::Ttl(5, 10), Answer::Ttl(5, 0)]);
         assert_eq!(r.lost, LossReason::Expired);
         assert_eq!(r.at, thirds(1) + ms(10));
-        assert_near(r.state.deadline, d(0));
+        assert_near(r.state.deadline, d(at(0)));
     }
 
     #[test]
@@ -622,28 +792,26 @@ mod tests {
         use Answer::{Broken, Ttl};
         let r = run(&[Ttl(0, 10), Ttl(0, 10), Broken, Ttl(0, 10), Ttl(0, 10)]);
         assert_eq!(
-            r.log,
+            r.log[..8],
             [
                 ("open", thirds(1)),
                 ("send", thirds(1)),
+                ("read", thirds(1)),
                 ("send", thirds(2)),
+                ("leave", thirds(2)),
                 ("open", thirds(2)),
                 ("send", thirds(2)),
-                ("send", thirds(3)),
+                ("read", thirds(2)),
             ]
         );
-        // The send at 3/3 hangs: D stays where the resend at 2/3 put it.
-        assert_near(
-            r.state.deadline,
-            thirds(2) + Duration::from_nanos(8_090_909_090),
-        );
+        assert_near(r.state.deadline, d(thirds(2)));
     }
 
     #[test]
     fn a_late_reply_does_not_move_the_deadline() {
         // The stream opens at once, then the reply takes longer than the rest of the time.
         let r = run(&[Answer::Ttl(0, 10), Answer::Ttl(3_400, 10)]);
-        assert_near(r.state.deadline, d(0));
+        assert_near(r.state.deadline, d(at(0)));
         assert_eq!(r.lost, LossReason::NotRenewed);
     }
 
@@ -651,7 +819,12 @@ mod tests {
     fn a_broken_stream_is_trouble_and_is_retried_at_once_then_every_tenth() {
         use Answer::Broken;
         let r = run(&[Broken, Broken, Broken]);
-        let opens: Vec<BootInstant> = r.log.iter().map(|(_, t)| *t).collect();
+        let opens: Vec<BootInstant> = r
+            .log
+            .iter()
+            .filter(|(what, _)| *what == "open")
+            .map(|(_, t)| *t)
+            .collect();
         assert_eq!(opens[..3], [thirds(1), thirds(1), thirds(1) + ms(1_000)]);
         assert!(r.state.trouble.is_some());
         assert_eq!(r.lost, LossReason::NotRenewed);
