@@ -397,10 +397,27 @@ impl<L: Link, C: Clock> Keeper<L, C> {
                 return Ok(());
             }
             Outcome::Expired => return Err(LossReason::Expired),
-            Outcome::Kept(kept) => self.schedule.replied(now, kept),
-            Outcome::Read(read) => self.schedule.confirmed(now, read),
+            Outcome::Kept(kept) => {
+                let verdict = self.schedule.replied(now, kept);
+                tracing::debug!(
+                    lease = format!("{:x}", self.lease),
+                    ?kept,
+                    ?verdict,
+                    "keepalive reply"
+                );
+                verdict
+            }
+            Outcome::Read(read) => {
+                let verdict = self.schedule.confirmed(now, read);
+                tracing::debug!(
+                    lease = format!("{:x}", self.lease),
+                    ?read,
+                    ?verdict,
+                    "confirming read"
+                );
+                verdict
+            }
         };
-        tracing::debug!(lease = format!("{:x}", self.lease), ?verdict, "renewal");
         match verdict {
             Verdict::Extended(d) => self.publish(d),
             Verdict::Lost(why) => return Err(why),
