@@ -39,7 +39,18 @@ pub struct Cli {
 pub enum Sub {
     /// Who holds NAME (or every lease under the prefix): holder, token, time left, waiters
     Status(StatusArgs),
-    /// Atomically replace DEST with stdin, refusing a token lower than one DEST has seen
+    /// Atomically replace DEST with COMMAND's output or stdin, refusing a token lower than one DEST has seen
+    #[command(
+        long_about = "Atomically replace DEST with the standard output of COMMAND (only if it exits 0), \
+or with standard input, refusing a token lower than the highest one DEST.fence records. The new \
+content is spooled to an unnamed temp file beside DEST first, with no lock held; then, under flock on \
+DEST.fence, the token is checked and recorded and the temp file renamed over DEST.",
+        after_help = "The stdin form commits whatever arrived before EOF: a producer that dies half way \
+(`make-report | leasewrap fenced-write DEST`) leaves its partial output, so prefer \
+`leasewrap fenced-write DEST -- make-report`. A DEST that is a symbolic link or a directory is \
+refused (64); DEST.fence is never followed through a link or waited on as a FIFO, must be a regular \
+file of this user with one link holding one decimal token, and is never echoed (78)."
+    )]
     FencedWrite(FencedWriteArgs),
     /// Put KEY VALUE in etcd only while the lock key still has the given token
     FencedPut(FencedPutArgs),
@@ -82,6 +93,10 @@ pub struct FencedWriteArgs {
     #[arg(value_name = "DEST")]
     pub dest: PathBuf,
 
+    /// Write COMMAND's standard output instead of stdin, and replace DEST only if it exits 0
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -115,7 +130,7 @@ pub struct FencedPutArgs {
 /// How to take the lease and run the child.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Lease name: printable, no '/', 1-128 bytes [default: file name of COMMAND; required with -c]
+    /// Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 
@@ -186,7 +201,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]
+    /// Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]
     #[arg(long, value_name = "DIR", env = "LEASEWRAP_LOCAL_DIR")]
     pub local_dir: Option<PathBuf>,
 

@@ -227,22 +227,28 @@ fn default_name(program: &OsString) -> Result<String, Error> {
         })
 }
 
-/// A lease name is 1-128 bytes of printable characters without '/'.
+/// A lease name is 1-128 bytes of ASCII letters, digits and `._-@:+=`, and not `.` or `..`:
+/// nothing that prints like another name or not at all (no Unicode, no spaces, no controls), and
+/// nothing a path, a key prefix or a shell treats specially.
 pub fn check_name(name: &str) -> Result<(), Error> {
-    let bad = |why: &str| Err(Error::Usage(format!("bad lease name {name:?}: {why}")));
+    let bad = |why: &str| Err(Error::Usage(format!("--name {name:?}: {why}")));
     if name.is_empty() || name.len() > 128 {
-        return bad("it must be 1 to 128 bytes long");
+        return bad("a lease name is 1 to 128 bytes long");
     }
-    if name.contains('/') {
-        return bad("it must not contain '/'");
-    }
-    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return bad("it must be printable, without spaces or control characters");
+    if let Some(c) = name.chars().find(|&c| !is_name_char(c)) {
+        return bad(&format!(
+            "{c:?} is not allowed: a lease name holds only ASCII letters, digits and . _ - @ : + ="
+        ));
     }
     if name == "." || name == ".." {
-        return bad("it must not be . or ..");
+        return bad("a lease name is not . or ..");
     }
     Ok(())
+}
+
+/// The characters of a lease name.
+const fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@' | ':' | '+' | '=')
 }
 
 /// The backend: etcd when endpoints are configured anywhere, the local one otherwise.
@@ -597,7 +603,21 @@ mod tests {
     #[test]
     fn names_are_checked() {
         assert!(check_name("nightly-report").is_ok());
-        for bad in ["", "a/b", "a b", "..", &"x".repeat(129), "tab\t"] {
+        assert!(check_name("nightly.report_v2-eu@host:1+x=y").is_ok());
+        let bad = [
+            "",
+            "a/b",
+            "a b",
+            "..",
+            &"x".repeat(129),
+            "tab\t",
+            "job\u{200b}",
+            "jo\u{202e}b",
+        ];
+        for bad in bad
+            .into_iter()
+            .chain(["\u{3164}", "jöb", "a*b", "a'b", "a\\b"])
+        {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
     }

@@ -3,54 +3,59 @@
 //! still has the token as its create revision. A stale token is refused with
 //! [`Error::StaleToken`] (status 73), and then nothing has changed.
 //!
-//! fenced-write keeps the highest token in `DEST.fence` and serialises writers with `flock` on
-//! that file: check, replacement and record happen under one lock, so a stale writer can never
-//! slip its rename in after a newer one. DEST is never written in place: a reader, or a crash,
-//! sees the old file or the new one, never a mix. Nothing here touches a lease or a process.
+//! fenced-write spools the new content into an unnamed temp file beside DEST (O_TMPFILE) first,
+//! without any lock, so a slow or paused producer never holds up another writer. Only then does
+//! it take `flock` on `DEST.fence`, check the token, record it, link the temp file under a random
+//! name and rename it over DEST, and unlock: a stale writer can never slip its rename in after a
+//! newer one, and the lock is held only while committing. DEST is never written in place: a
+//! reader, or a crash, sees the old file or the new one, never a mix. DEST.fence is opened as
+//! `files` says (no link, no FIFO, a regular file of ours); a DEST that is a symbolic link is
+//! refused, so that every writer of one file shares one fence. Nothing here touches a lease or a
+//! process other than COMMAND of `fenced-write DEST -- COMMAND`.
 
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
+use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use etcd_client::TxnOp;
-use nix::fcntl::{Flock, FlockArg};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, Flock, FlockArg, OFlag};
+use nix::sys::stat::{Mode, SFlag};
 
 use crate::cli::{FencedPutArgs, FencedWriteArgs};
 use crate::config::{self, Backend, Env};
 use crate::error::Error;
+use crate::files::{self, Dir};
 use crate::lease::etcd::client::{self, Conn, Guarded};
+use crate::supervise::{self, Exit};
 
-/// `leasewrap fenced-write`: DEST from stdin.
-pub fn write(args: &FencedWriteArgs) -> Result<(), Error> {
-    write_from(&args.dest, args.token, &mut io::stdin().lock())
+/// `leasewrap fenced-write`: DEST from stdin, or from COMMAND's stdout; the status to exit with.
+pub fn write(args: &FencedWriteArgs) -> Result<u8, Error> {
+    let target = Target::new(&args.dest)?;
+    // Refused before reading anything or running COMMAND when the token is already stale.
+    target.refuse_if_stale(args.token, target.peek()?)?;
+    let temp = match args.command.split_first() {
+        None => target.spool(&mut io::stdin().lock())?,
+        Some((program, rest)) => match target.spool_command(program, rest)? {
+            Ok(temp) => temp,
+            Err(status) => return Ok(status),
+        },
+    };
+    target.commit(temp, args.token)?;
+    Ok(0)
 }
 
 /// Replace `dest` with what `data` yields, unless `DEST.fence` has recorded a token above `token`.
-/// The token is recorded after the new data is durable and before the rename.
 pub fn write_from(dest: &Path, token: u64, data: &mut impl Read) -> Result<(), Error> {
     let target = Target::new(dest)?;
-    let fence = target.lock_fence()?;
-    let seen = target.recorded(&fence)?;
-    if let Some(seen) = stale(token, seen) {
-        let fence = target.fence.display();
-        return Err(Error::StaleToken {
-            given: token,
-            seen: format!("{fence} records token {seen}"),
-        });
-    }
-    target.remove_stale_temps();
     let temp = target.spool(data)?;
-    // Recorded once the new data is durable, and before it replaces DEST: a crash in between
-    // leaves the fence ahead of the data, which only refuses writers that are stale anyway. The
-    // other order would let a stale writer overwrite data whose token was never recorded.
-    if seen != Some(token) {
-        target.record(&fence, token)?;
-    }
-    target.replace_with(temp)?;
-    tracing::debug!(dest = %dest.display(), token, "replaced");
-    Ok(())
+    target.commit(temp, token)
 }
 
 /// `Some(seen)` when `token` is lower than the token already recorded: the write is refused.
@@ -59,20 +64,10 @@ fn stale(token: u64, recorded: Option<u64>) -> Option<u64> {
     recorded.filter(|&seen| token < seen)
 }
 
-/// The text of a fence file: nothing yet, or one decimal token.
-fn parse_fence(text: &str) -> Result<Option<u64>, String> {
-    match text.trim() {
-        "" => Ok(None),
-        t => t
-            .parse()
-            .map(Some)
-            .map_err(|_| format!("holds {t:?}, not a token: fix or remove it by hand")),
-    }
-}
-
-/// The hidden temp file a writer with `pid` spools into, beside DEST.
-fn temp_name(name: &str, pid: u32) -> String {
-    format!(".{name}.fenced-write-{pid}.tmp")
+/// The name a committing writer links its temp file under, beside DEST: random, so nobody can
+/// take it in advance, and hidden.
+fn temp_name(name: &str, random: u64) -> String {
+    format!(".{name}.fenced-write-{random:016x}.tmp")
 }
 
 /// Whether `candidate` is a temp file of some writer of `name` (and not of another DEST whose
@@ -81,18 +76,25 @@ fn is_temp_of(name: &str, candidate: &str) -> bool {
     candidate
         .strip_prefix(&format!(".{name}.fenced-write-"))
         .and_then(|rest| rest.strip_suffix(".tmp"))
-        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// DEST and the paths beside it.
+/// 64 bits from the OS's randomness (std seeds each `RandomState` from getrandom).
+fn random_u64() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(u64::from(std::process::id()));
+    hasher.finish()
+}
+
+/// DEST and the directory it is in.
 struct Target {
-    dest: PathBuf,
-    /// `DEST.fence`: the lock, and the highest token recorded.
-    fence: PathBuf,
-    /// DEST's directory, where the temp file goes so that the rename stays on one file system.
-    dir: PathBuf,
-    /// DEST's file name, the stem of the temp file names.
+    /// DEST's directory: the fence and the temp file live there, so the rename stays on one
+    /// file system.
+    dir: Dir,
+    /// DEST's file name.
     name: String,
+    /// `DEST.fence`'s file name: the lock, and the highest token recorded.
+    fence: String,
 }
 
 impl Target {
@@ -107,122 +109,241 @@ impl Target {
                     dest.display()
                 ))
             })?;
-        let dir = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
-        let mut fence = OsString::from(dest.as_os_str());
-        fence.push(".fence");
-        Ok(Self {
-            dest: dest.to_owned(),
-            fence: fence.into(),
-            dir,
+        let target = Self {
+            dir: Dir::containing(dest)?,
             name: name.to_owned(),
-        })
+            fence: format!("{name}.fence"),
+        };
+        target.check_dest()?;
+        Ok(target)
     }
 
-    /// Open (creating) and lock `DEST.fence`; waits for a writer holding it.
-    fn lock_fence(&self) -> Result<Flock<File>, Error> {
-        let file = crate::lease::local::open_state_file(&self.fence)
-            .map_err(|e| Error::Config(format!("fenced-write: {}: {e}", self.fence.display())))?;
-        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
-            Error::internal(format!("fenced-write: flock {}", self.fence.display()), e)
-        })
+    fn dest(&self) -> PathBuf {
+        self.dir.join(&self.name)
     }
 
-    fn recorded(&self, fence: &File) -> Result<Option<u64>, Error> {
-        let mut text = String::new();
-        (&*fence)
-            .read_to_string(&mut text)
-            .map_err(|e| self.failed("reading", &self.fence, e))?;
-        parse_fence(&text)
-            .map_err(|why| Error::Config(format!("fenced-write: {} {why}", self.fence.display())))
+    fn fence_path(&self) -> PathBuf {
+        self.dir.join(&self.fence)
     }
 
-    /// Temp files left by writers killed mid-stream. Only a writer holding the lock makes one
-    /// and renames it away before unlocking, so under the lock every one found is garbage.
+    /// DEST may be missing or a file; a link would give its target a second fence, and a
+    /// directory cannot be replaced.
+    fn check_dest(&self) -> Result<(), Error> {
+        let Some(st) = self.dir.stat(&self.name) else {
+            return Ok(());
+        };
+        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        let why = match kind {
+            SFlag::S_IFLNK => {
+                "is a symbolic link: give the file it points to, so that every \
+                               writer shares one DEST.fence"
+            }
+            SFlag::S_IFDIR => "is a directory",
+            _ => return Ok(()),
+        };
+        let dest = self.dest();
+        Err(Error::Usage(format!(
+            "fenced-write: {} {why}",
+            dest.display()
+        )))
+    }
+
+    /// The recorded token as it is now, without the lock (a quick early refusal only).
+    fn peek(&self) -> Result<Option<u64>, Error> {
+        match self.dir.open_read(&self.fence)? {
+            Some(file) => files::read_token(&file, &self.fence_path()),
+            None => Ok(None),
+        }
+    }
+
+    fn refuse_if_stale(&self, token: u64, recorded: Option<u64>) -> Result<(), Error> {
+        match stale(token, recorded) {
+            Some(seen) => Err(Error::StaleToken {
+                given: token,
+                seen: format!("{} records token {seen}", self.fence_path().display()),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Copy `data` into a new temp file with DEST's owner and mode, and make it durable.
+    fn spool(&self, data: &mut impl Read) -> Result<Temp, Error> {
+        let mut temp = self.temp()?;
+        io::copy(data, &mut temp.file).map_err(|e| self.failed("writing", e))?;
+        temp.file
+            .sync_all()
+            .map_err(|e| self.failed("syncing", e))?;
+        Ok(temp)
+    }
+
+    /// Run COMMAND with its stdout in a new temp file: the temp file if it exited 0, else the
+    /// status to exit with (DEST untouched).
+    fn spool_command(
+        &self,
+        program: &OsString,
+        args: &[OsString],
+    ) -> Result<Result<Temp, u8>, Error> {
+        let path = supervise::resolve(program)?;
+        let temp = self.temp()?;
+        let stdout = temp
+            .file
+            .try_clone()
+            .map_err(|e| self.failed("writing", e))?;
+        let status = Command::new(&path)
+            .arg0(program)
+            .args(args)
+            .stdout(stdout)
+            .status()
+            .map_err(|e| Error::internal(format!("fenced-write: running {}", path.display()), e))?;
+        let exit = Exit::from_wait_status(status.into_raw());
+        if exit != Exit::Code(0) {
+            let code = match exit {
+                Exit::Code(n) => n,
+                Exit::Signal(sig) => crate::error::signal_status(sig as i32),
+            };
+            let dest = self.dest();
+            tracing::error!(dest = %dest.display(), "COMMAND ended with {code}; DEST was left as it was");
+            return Ok(Err(code));
+        }
+        temp.file
+            .sync_all()
+            .map_err(|e| self.failed("syncing", e))?;
+        Ok(Ok(temp))
+    }
+
+    /// A new unnamed file in DEST's directory, mode 0600 (or DEST's, owner too as root).
+    fn temp(&self) -> Result<Temp, Error> {
+        let old = fs::symlink_metadata(self.dest()).ok();
+        let mode = Mode::from_bits_truncate(if old.is_some() { 0o600 } else { 0o644 });
+        let flags = OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::openat(self.dir.fd(), ".", flags, mode).map_err(|e| {
+            Error::Config(format!(
+                "fenced-write: an unnamed temp file in {} (O_TMPFILE): {e}",
+                self.dir.path().display()
+            ))
+        })?;
+        let file = File::from(fd);
+        if let Some(old) = old {
+            // Keeping the owner needs privilege; without it the new file is ours, as with sed -i.
+            let _ = std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()));
+            let mode = fs::Permissions::from_mode(old.mode() & 0o7777);
+            file.set_permissions(mode)
+                .map_err(|e| self.failed("setting the mode of", e))?;
+        }
+        Ok(Temp { file })
+    }
+
+    /// Under the fence's lock: check the token, record it, and put the temp file in DEST's place.
+    /// A failure after the record puts the old record back, so the fence never runs ahead of
+    /// data that did not land.
+    fn commit(&self, temp: Temp, token: u64) -> Result<(), Error> {
+        let (file, _) = self.dir.open_own(&self.fence)?;
+        let fence = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
+            let fence = self.fence_path();
+            Error::internal(format!("fenced-write: flock {}", fence.display()), e)
+        })?;
+        let seen = files::read_token(&fence, &self.fence_path())?;
+        self.refuse_if_stale(token, seen)?;
+        self.check_dest()?;
+        self.remove_stale_temps();
+        if seen != Some(token) {
+            self.record(&fence, Some(token))?;
+        }
+        // Recorded before the rename: a crash in between leaves the fence ahead of the data,
+        // which only refuses writers that are stale anyway. The other order would let a stale
+        // writer overwrite data whose token was never recorded.
+        if let Err(e) = self.replace_with(&temp) {
+            if seen != Some(token) {
+                self.record(&fence, seen)?;
+            }
+            return Err(e);
+        }
+        tracing::debug!(dest = %self.dest().display(), token, "replaced");
+        Ok(())
+    }
+
+    /// Link the temp file under a fresh random name, rename that over DEST, make it durable.
+    fn replace_with(&self, temp: &Temp) -> Result<(), Error> {
+        let linked = self.link(temp)?;
+        let renamed = nix::fcntl::renameat(
+            self.dir.fd(),
+            linked.as_str(),
+            self.dir.fd(),
+            self.name.as_str(),
+        );
+        if let Err(e) = renamed {
+            let _ = nix::unistd::unlinkat(
+                self.dir.fd(),
+                linked.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+            return Err(self.failed("replacing", io::Error::from(e)));
+        }
+        self.dir
+            .sync()
+            .map_err(|e| self.failed("syncing the directory of", e))
+    }
+
+    /// linkat(2) the unnamed temp file into the directory; retried on the (unlikely) clash.
+    fn link(&self, temp: &Temp) -> Result<String, Error> {
+        let proc_fd = format!("/proc/self/fd/{}", temp.file.as_raw_fd());
+        for _ in 0..8 {
+            let name = temp_name(&self.name, random_u64());
+            let follow = AtFlags::AT_SYMLINK_FOLLOW;
+            match nix::unistd::linkat(
+                nix::fcntl::AT_FDCWD,
+                proc_fd.as_str(),
+                self.dir.fd(),
+                name.as_str(),
+                follow,
+            ) {
+                Ok(()) => return Ok(name),
+                Err(Errno::EEXIST) => continue,
+                Err(e) => {
+                    return Err(self.failed("linking the temp file beside", io::Error::from(e)))
+                }
+            }
+        }
+        Err(Error::Internal(format!(
+            "fenced-write: no free temp file name beside {}",
+            self.dest().display()
+        )))
+    }
+
+    /// Temp files of writers killed between link and rename. Only a writer holding the lock
+    /// links one and renames it away before unlocking, so under the lock every one is garbage.
     fn remove_stale_temps(&self) {
-        let Ok(entries) = fs::read_dir(&self.dir) else {
+        let Ok(entries) = fs::read_dir(self.dir.path()) else {
             return;
         };
         for entry in entries.flatten() {
-            if entry
-                .file_name()
-                .to_str()
-                .is_some_and(|n| is_temp_of(&self.name, n))
-            {
-                let _ = fs::remove_file(entry.path());
+            let name = entry.file_name();
+            if name.to_str().is_some_and(|n| is_temp_of(&self.name, n)) {
+                let flag = nix::unistd::UnlinkatFlags::NoRemoveDir;
+                let _ = nix::unistd::unlinkat(self.dir.fd(), name.as_os_str(), flag);
             }
         }
     }
 
-    /// Copy `data` into a new temp file beside DEST with DEST's owner and mode (0644 less the
-    /// umask for a new DEST), and make it durable.
-    fn spool(&self, data: &mut impl Read) -> Result<Temp, Error> {
-        let old = fs::metadata(&self.dest).ok();
-        let path = self.dir.join(temp_name(&self.name, std::process::id()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(if old.is_some() { 0o600 } else { 0o644 })
-            .open(&path)
-            .map_err(|e| Error::Config(format!("fenced-write: {}: {e}", path.display())))?;
-        let mut temp = Temp {
-            path,
-            file: Some(file),
+    /// Record `token` (None: nothing recorded) in the locked fence file.
+    fn record(&self, fence: &File, token: Option<u64>) -> Result<(), Error> {
+        let done = match token {
+            Some(token) => files::write_token(fence, token),
+            None => fence.set_len(0).and_then(|()| fence.sync_data()),
         };
-        let file = temp.file.as_mut().expect("just opened");
-        if let Some(old) = old {
-            // Keeping the owner needs privilege; without it the new file is ours, as with sed -i.
-            let _ = std::os::unix::fs::fchown(&*file, Some(old.uid()), Some(old.gid()));
-            let mode = fs::Permissions::from_mode(old.mode() & 0o7777);
-            file.set_permissions(mode)
-                .map_err(|e| self.failed("setting the mode of", &temp.path, e))?;
-        }
-        io::copy(data, file).map_err(|e| self.failed("writing", &temp.path, e))?;
-        file.sync_all()
-            .map_err(|e| self.failed("syncing", &temp.path, e))?;
-        Ok(temp)
+        done.map_err(|e| self.failed("recording the token in", e))
     }
 
-    /// Rename the temp file over DEST and make the rename durable.
-    fn replace_with(&self, mut temp: Temp) -> Result<(), Error> {
-        temp.file = None;
-        fs::rename(&temp.path, &self.dest).map_err(|e| self.failed("replacing", &self.dest, e))?;
-        temp.path = PathBuf::new();
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| self.failed("syncing", &self.dir, e))
-    }
-
-    /// Record `token` in the locked fence file. A token only grows, so the text never shrinks.
-    fn record(&self, fence: &File, token: u64) -> Result<(), Error> {
-        let text = format!("{token}\n");
-        fence
-            .write_all_at(text.as_bytes(), 0)
-            .and_then(|()| fence.set_len(text.len() as u64))
-            .and_then(|()| fence.sync_data())
-            .map_err(|e| self.failed("recording the token in", &self.fence, e))
-    }
-
-    fn failed(&self, doing: &str, path: &Path, e: io::Error) -> Error {
-        Error::internal(format!("fenced-write: {doing} {}", path.display()), e)
+    fn failed(&self, doing: &str, e: io::Error) -> Error {
+        let dest = self.dest();
+        Error::internal(format!("fenced-write: {doing} {}", dest.display()), e)
     }
 }
 
-/// A temp file being written; removed on drop unless it was renamed into place.
+/// The new content, in a file with no name until it is committed: a writer that dies while
+/// spooling leaves nothing behind.
 struct Temp {
-    /// Empty once renamed.
-    path: PathBuf,
-    file: Option<File>,
-}
-
-impl Drop for Temp {
-    fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
+    file: File,
 }
 
 /// `leasewrap fenced-put`: one transaction, the put only if the lock key's create revision is
@@ -278,26 +399,18 @@ mod tests {
     }
 
     #[test]
-    fn fence_text_is_empty_or_one_token() {
-        assert_eq!(parse_fence(""), Ok(None));
-        assert_eq!(parse_fence("17\n"), Ok(Some(17)));
-        assert_eq!(parse_fence(" 18 "), Ok(Some(18)));
-        for bad in ["x", "-1", "1 2", "18446744073709551616"] {
-            assert!(parse_fence(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
     fn temp_files_are_recognised_only_for_their_own_dest() {
         let mine = temp_name("report.csv", 42);
         assert!(is_temp_of("report.csv", &mine));
         assert!(!is_temp_of("report", &mine));
-        let other = temp_name("report.csv.fenced-write-1.tmp", 7);
+        let other = temp_name("report.csv.fenced-write-0000000000000001.tmp", 7);
         assert!(!is_temp_of("report.csv", &other));
         for not in [
             "report.csv",
             ".report.csv.fenced-write-.tmp",
-            ".report.csv.fenced-write-1",
+            ".report.csv.fenced-write-1.tmp",
+            ".report.csv.fenced-write-000000000000000g.tmp",
+            ".report.csv.fenced-write-0000000000000001",
         ] {
             assert!(!is_temp_of("report.csv", not), "{not}");
         }
@@ -305,11 +418,12 @@ mod tests {
 
     #[test]
     fn fence_and_temp_files_sit_beside_dest() {
-        let t = Target::new(Path::new("/srv/data/report.csv")).unwrap();
-        assert_eq!(t.fence, Path::new("/srv/data/report.csv.fence"));
-        assert_eq!(t.dir, Path::new("/srv/data"));
+        let d = dir();
+        let t = Target::new(&d.path().join("report.csv")).unwrap();
+        assert_eq!(t.fence_path(), d.path().join("report.csv.fence"));
+        assert_eq!(t.dir.path(), d.path());
         let t = Target::new(Path::new("report.csv")).unwrap();
-        assert_eq!(t.dir, Path::new("."));
+        assert_eq!(t.dir.path(), Path::new("."));
         for bad in ["/", "dir/", ".."] {
             assert!(
                 matches!(Target::new(Path::new(bad)), Err(Error::Usage(_))),
@@ -381,12 +495,11 @@ mod tests {
             Err(Error::Internal(_))
         ));
         assert_eq!(fs::read(&dest).unwrap(), b"old");
-        let fence = fs::read_to_string(d.path().join("report.csv.fence")).unwrap();
-        assert_eq!(
-            fence, "",
-            "no token recorded for a write that did not happen"
+        assert!(
+            !d.path().join("report.csv.fence").exists(),
+            "the fence is not even touched before the input is complete"
         );
-        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 2);
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! - `status::etcd`, `status::local`: what each backend stores, as status values.
 //! - `status::runs`: the last runs of each lease, and `status --once KEY`.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
+//! - `files`: opening leasewrap's small files with no links, FIFOs or foreign files followed.
 //! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr.
 
@@ -38,6 +39,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod fence;
+pub mod files;
 pub mod lease;
 pub mod log;
 pub mod notify;
@@ -74,7 +76,7 @@ pub fn entry(args: Vec<OsString>) -> Exit {
         }
         Some(cli::Sub::FencedWrite(a)) => {
             log::init(&a.log);
-            finish(fence::write(&a).map(|()| 0), ExitCodes::default())
+            finish(fence::write(&a), ExitCodes::default())
         }
         Some(cli::Sub::FencedPut(a)) => {
             log::init(&a.log);

@@ -24,7 +24,7 @@ function __fish_leasewrap_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: printable, no \'/\', 1-128 bytes [default: file name of COMMAND; required with -c]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s c -d 'Run SHELL STRING through /bin/sh -c instead of COMMAND' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l ttl -d 'Lease TTL to ask for; the server may grant more (etcd: at least 2s)' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s w -l wait -d 'Give up waiting for the lease after DUR (0 = --no-wait) [default: wait forever]' -r
@@ -48,7 +48,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l key -d 'Client key 
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s n -l no-wait -d 'Fail at once if the lease is held'
@@ -57,7 +57,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -s v -l verbose -d 'Lo
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s V -l version -d 'Print version'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "status" -d 'Who holds NAME (or every lease under the prefix): holder, token, time left, waiters'
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d 'Atomically replace DEST with stdin, refusing a token lower than one DEST has seen'
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d 'Atomically replace DEST with COMMAND\'s output or stdin, refusing a token lower than one DEST has seen'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd only while the lock key still has the given token'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d 'Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
@@ -80,7 +80,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -l log
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s v -l verbose -d 'Log more (twice: everything)'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s h -l help -d 'Print help'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l lock-key -d 'The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r

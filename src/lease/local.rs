@@ -1,73 +1,52 @@
 //! The local backend: one host, no service. The lease is `flock` on `DIR/NAME.lock`, confirmed to
 //! be the inode that the path names; the fencing token is a counter in `DIR/NAME.token`, raised and
-//! made durable under the lock before the child starts. The kernel drops the lock when leasewrap
-//! dies, so there is no TTL to renew: only the lock file's identity is checked on the renewal
-//! schedule, and a deleted or replaced lock file means the lease is lost.
+//! made durable under the lock before the child starts. Both files are opened as `files` says:
+//! no links, no FIFOs, only regular files of ours in a directory only we can write. The kernel
+//! drops the lock when its last holder (the watchdog, which outlives leasewrap) dies, so there is
+//! no TTL to renew: only the lock file's identity is checked on the renewal schedule, and a
+//! deleted or replaced lock file means the lease is lost.
 
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::error::Error;
+pub use crate::files::ensure_dir;
+use crate::files::{self, Dir};
 
 /// A held local lock.
 pub struct LocalLock {
     /// The locked lock file; closing it releases the lock.
     lock: Flock<File>,
-    /// Its path, to notice when it is deleted or replaced.
+    /// The state directory, to notice through it when the lock file is deleted or replaced.
+    dir: Dir,
+    /// The lock file's name in `dir`.
+    lock_name: String,
+    /// Its path: the lock key the child is told.
     path: PathBuf,
     /// Fencing token of this hold.
     pub token: u64,
 }
 
-/// The lock file's path.
-pub fn lock_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}.lock"))
+/// The lock file's name.
+pub fn lock_name(name: &str) -> String {
+    format!("{name}.lock")
 }
 
-/// The token file's path.
-pub fn token_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}.token"))
-}
-
-/// Open a small state file (lock, token, fence) for reading and writing, creating it with mode
-/// 0644 and never truncating it: its contents matter to whoever holds its lock.
-pub fn open_state_file(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(path)
-}
-
-/// Create the state directory, owner-only unless it already exists.
-pub fn ensure_dir(dir: &Path) -> Result<(), Error> {
-    let mode = if nix::unistd::geteuid().is_root() {
-        0o755
-    } else {
-        0o700
-    };
-    DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(dir)
-        .map_err(|e| Error::Config(format!("--local-dir {}: {e}", dir.display())))
+/// The token file's name.
+pub fn token_name(name: &str) -> String {
+    format!("{name}.token")
 }
 
 /// Take the lock, waiting for it when `block`, or failing with `Busy`. A blocking wait runs on a
 /// thread of its own: if the caller gives up, the process exits and the kernel drops the attempt.
 pub async fn acquire(dir: &Path, name: &str, block: bool) -> Result<LocalLock, Error> {
-    ensure_dir(dir)?;
-    let path = lock_path(dir, name);
+    let dir = Dir::state(dir)?;
+    let lock_name = lock_name(name);
     let lock = loop {
-        let file = open_state_file(&path)
-            .map_err(|e| Error::Config(format!("lock file {}: {e}", path.display())))?;
+        let (file, _) = dir.open_own(&lock_name)?;
         // Try without blocking first: an uncontended lock needs no thread.
         let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Err((file, nix::errno::Errno::EWOULDBLOCK)) if block => {
@@ -85,50 +64,59 @@ pub async fn acquire(dir: &Path, name: &str, block: bool) -> Result<LocalLock, E
                     name: name.to_owned(),
                 })
             }
-            Err((_, e)) => return Err(Error::internal(format!("flock {}", path.display()), e)),
+            Err((_, e)) => {
+                let path = dir.join(&lock_name);
+                return Err(Error::internal(format!("flock {}", path.display()), e));
+            }
         };
         // Someone may have removed or replaced the file between our open and our lock.
-        if still_named(&lock, &path) {
+        if still_named(&lock, &dir, &lock_name) {
             break lock;
         }
     };
-    let token = next_token(&token_path(dir, name))?;
-    Ok(LocalLock { lock, path, token })
+    let token = next_token(&dir, &token_name(name))?;
+    let path = dir.join(&lock_name);
+    Ok(LocalLock {
+        lock,
+        dir,
+        lock_name,
+        path,
+        token,
+    })
 }
 
-/// Whether `path` still names the locked inode.
-fn still_named(lock: &Flock<File>, path: &Path) -> bool {
-    match (lock.metadata(), std::fs::metadata(path)) {
-        (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
-        _ => false,
-    }
+/// Whether `name` in `dir` still names the locked inode (a link put in its place does not).
+fn still_named(lock: &Flock<File>, dir: &Dir, name: &str) -> bool {
+    dir.stat(name)
+        .is_some_and(|st| files::same_inode(lock, &st))
 }
 
-/// Raise the counter and make it durable before anyone can act on it.
-fn next_token(path: &Path) -> Result<u64, Error> {
+/// Raise the counter and make it durable before anyone can act on it. A token file that exists
+/// but is empty was truncated by someone: restarting at 1 would hand out old tokens again.
+fn next_token(dir: &Dir, name: &str) -> Result<u64, Error> {
+    let path = dir.join(name);
     let fail = |e: std::io::Error| Error::internal(format!("token file {}", path.display()), e);
-    let existed = path.exists();
-    let mut file = open_state_file(path).map_err(fail)?;
-    let mut text = String::new();
-    file.read_to_string(&mut text).map_err(fail)?;
-    let last: u64 = match text.trim() {
-        "" => 0,
-        t => t.parse().map_err(|_| {
-            Error::Internal(format!(
-                "token file {} holds {t:?}, not a number: fix or remove it by hand",
+    let (file, created) = dir.open_own(name)?;
+    let last = match files::read_token(&file, &path)? {
+        Some(last) => last,
+        None if created => 0,
+        None => {
+            return Err(Error::Config(format!(
+                "token file {} is empty: write the last token handed out into it, or remove it \
+                 to start again at 1",
                 path.display()
-            ))
-        })?,
-    };
-    let token = last + 1;
-    // A token only grows, so the new text is never shorter than the old one.
-    file.write_all_at(format!("{token}\n").as_bytes(), 0)
-        .map_err(fail)?;
-    file.sync_data().map_err(fail)?;
-    if !existed {
-        if let Some(dir) = path.parent() {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(fail)?;
+            )))
         }
+    };
+    let token = last.checked_add(1).ok_or_else(|| {
+        Error::Config(format!(
+            "token file {} is at the highest token ({last}): fencing tokens cannot grow further",
+            path.display()
+        ))
+    })?;
+    files::write_token(&file, token).map_err(fail)?;
+    if created {
+        dir.sync().map_err(fail)?;
     }
     Ok(token)
 }
@@ -136,6 +124,7 @@ fn next_token(path: &Path) -> Result<u64, Error> {
 impl LocalLock {
     /// Record who holds the lock in the lock file, for `leasewrap status`.
     pub fn record_holder(&mut self, record: &[u8]) {
+        use std::os::unix::fs::FileExt;
         let _ = self.lock.set_len(0);
         let _ = self.lock.write_all_at(record, 0);
     }
@@ -153,7 +142,7 @@ impl LocalLock {
 
     /// Why the lock is no longer ours, if it is not.
     pub fn check(&self) -> Option<String> {
-        if still_named(&self.lock, &self.path) {
+        if still_named(&self.lock, &self.dir, &self.lock_name) {
             None
         } else {
             Some(format!(

@@ -4,7 +4,7 @@
 //! holder's lock on the same inode. Opens files read-only and creates nothing.
 
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -13,25 +13,29 @@ use nix::fcntl::{Flock, FlockArg};
 
 use super::{Holder, LeaseStatus};
 use crate::error::Error;
-use crate::lease::local::{lock_path, token_path};
+use crate::files::{self, Dir};
+use crate::lease::local::{lock_name, token_name};
 
 const BACKEND: &str = "local";
 
+/// The most of a holder record read back (one is a few hundred bytes).
+const RECORD_MAX: u64 = 64 * 1024;
+
 /// The lease `name`, or every `*.lock` in `dir` by name. A missing `dir` holds no leases.
 pub fn leases(dir: &Path, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error> {
+    let Some(dir) = Dir::to_read(dir)? else {
+        let free = |n: &str| LeaseStatus::free(n, BACKEND);
+        return Ok(name.map(free).into_iter().collect());
+    };
     let names = match name {
         Some(n) => vec![n.to_owned()],
-        None => lock_names(dir)?,
+        None => lock_names(dir.path())?,
     };
-    names.iter().map(|n| lease(dir, n)).collect()
+    names.iter().map(|n| lease(&dir, n)).collect()
 }
 
 fn lock_names(dir: &Path) -> Result<Vec<String>, Error> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(unreadable("--local-dir", dir, e)),
-    };
+    let entries = std::fs::read_dir(dir).map_err(|e| unreadable("--local-dir", dir, e))?;
     let mut names: Vec<String> = entries
         .flatten()
         .filter_map(|e| {
@@ -44,21 +48,22 @@ fn lock_names(dir: &Path) -> Result<Vec<String>, Error> {
     Ok(names)
 }
 
-fn lease(dir: &Path, name: &str) -> Result<LeaseStatus, Error> {
-    let path = lock_path(dir, name);
-    let file = match File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(LeaseStatus::free(name, BACKEND)),
-        Err(e) => return Err(unreadable("lock file", &path, e)),
+fn lease(dir: &Dir, name: &str) -> Result<LeaseStatus, Error> {
+    let path = dir.join(lock_name(name));
+    // No link followed, no FIFO waited on: anything but a regular file is refused.
+    let Some(file) = dir.open_read(&lock_name(name))? else {
+        return Ok(LeaseStatus::free(name, BACKEND));
     };
-    let mut file = match Flock::lock(file, FlockArg::LockSharedNonblock) {
+    let file = match Flock::lock(file, FlockArg::LockSharedNonblock) {
         // Dropping the Flock unlocks at once.
         Ok(_free) => return Ok(LeaseStatus::free(name, BACKEND)),
         Err((file, Errno::EWOULDBLOCK)) => file,
         Err((_, e)) => return Err(Error::internal(format!("flock {}", path.display()), e)),
     };
     let mut record = Vec::new();
-    file.read_to_end(&mut record)
+    (&file)
+        .take(RECORD_MAX)
+        .read_to_end(&mut record)
         .map_err(|e| unreadable("lock file", &path, e))?;
     let waiters = file
         .metadata()
@@ -67,7 +72,7 @@ fn lease(dir: &Path, name: &str) -> Result<LeaseStatus, Error> {
     Ok(LeaseStatus {
         held: true,
         holder: Holder::parse(&record),
-        token: read_token(&token_path(dir, name)),
+        token: read_token(dir, &token_name(name)),
         waiters,
         key: Some(path.display().to_string()),
         ..LeaseStatus::free(name, BACKEND)
@@ -79,8 +84,9 @@ fn unreadable(what: &str, path: &Path, e: std::io::Error) -> Error {
 }
 
 /// The last token handed out, which is the holder's once it has started its child.
-fn read_token(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+fn read_token(dir: &Dir, name: &str) -> Option<u64> {
+    let file: File = dir.open_read(name).ok()??;
+    files::read_token(&file, &dir.join(name)).ok()?
 }
 
 fn read_proc_locks() -> Option<String> {

@@ -182,7 +182,7 @@ const HEADER: [&str; 8] = [
 /// is not padded. "-" means "does not apply", "?" means "not known".
 pub fn table(leases: &[LeaseStatus]) -> String {
     let rows: Vec<[String; 8]> = std::iter::once(HEADER.map(str::to_owned))
-        .chain(leases.iter().map(row))
+        .chain(leases.iter().map(|l| row(l).map(|cell| printable(&cell))))
         .collect();
     align(&rows)
 }
@@ -235,6 +235,22 @@ fn row(l: &LeaseStatus) -> [String; 8] {
         pid,
         command,
     ]
+}
+
+/// `text` with every character that does not print as itself (controls, escape sequences, bidi
+/// and other format characters) written as `\u{..}`: a name from a directory listing or a
+/// holder record never drives the terminal.
+fn printable(text: &str) -> String {
+    let shows_as_itself = |c: char| matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1;
+    text.chars()
+        .map(|c| {
+            if shows_as_itself(c) {
+                c.to_string()
+            } else {
+                format!("\\u{{{:x}}}", c as u32)
+            }
+        })
+        .collect()
 }
 
 /// argv as a shell would need it typed: words with anything unusual in single quotes.
@@ -319,6 +335,14 @@ mod tests {
             let c = e.code(crate::error::ExitCodes::default()).to_string();
             assert!(EXIT_STATUS_TABLE.iter().any(|(s, _)| *s == c), "{c}");
         }
+    }
+
+    #[test]
+    fn text_output_shows_control_and_format_characters_escaped() {
+        assert_eq!(printable("job"), "job");
+        assert_eq!(printable("sh -c 'a \"b\"'"), "sh -c 'a \"b\"'");
+        assert_eq!(printable("e\x1b[2Jx\x07"), r"e\u{1b}[2Jx\u{7}");
+        assert_eq!(printable("jo\u{202e}b\u{200b}"), r"jo\u{202e}b\u{200b}");
     }
 
     #[test]

@@ -136,16 +136,25 @@ fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
     let half = &new[..new.len() / 2];
     let mut stdin = writer.take_stdin();
     stdin.write_all(half).unwrap();
-    wait_until(BOUND, "half the input in a temp file", || {
-        temp_files(&sandbox.path(""))
-            .iter()
-            .any(|t| fs::metadata(t).is_ok_and(|m| m.len() >= half.len() as u64))
-    });
+    wait_until(
+        BOUND,
+        "half the input in the writer's unnamed temp file",
+        || {
+            open_files(writer.pid())
+                .iter()
+                .any(|(_, m)| m.is_file() && m.len() >= half.len() as u64)
+        },
+    );
     writer.kill(Signal::SIGKILL);
     writer.wait_timeout(BOUND);
     drop(stdin);
     assert!(fs::read(&dest).unwrap() == content(1), "DEST changed");
     assert_eq!(recorded(&dest), Some(1));
+    assert_eq!(
+        files_in(&sandbox.path("")),
+        ["report.csv", "report.csv.fence", "state"],
+        "a writer killed while spooling leaves no file behind"
+    );
 
     // Killed at random points, with its input cut anywhere or complete (then it may be renaming,
     // syncing or recording): DEST is whole, and new data never replaces DEST before its token is
@@ -807,6 +816,21 @@ fn files_in(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// What PID has open: each descriptor's target and metadata (a deleted or unnamed file too).
+fn open_files(pid: i32) -> Vec<(PathBuf, fs::Metadata)> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| {
+            Some((
+                fs::read_link(fd.path()).ok()?,
+                fs::metadata(fd.path()).ok()?,
+            ))
+        })
+        .collect()
 }
 
 /// fenced-write's temp files in `dir`.

@@ -10,6 +10,7 @@
 //! - `local`: the local backend (flock + token file).
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
+//! - `security`: hostile state directories, fence files, temp names and lease names.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -21,3 +22,4 @@ mod harness;
 mod local;
 mod once;
 mod operating;
+mod security;

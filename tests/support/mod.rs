@@ -7,6 +7,7 @@
 pub mod etcd;
 mod job;
 pub mod proxy;
+pub mod user;
 
 pub use job::{Job, Marks};
 
@@ -168,6 +169,8 @@ pub struct Leasewrap {
     /// Run it as `sh -c '"$@"; echo $?'` so stdout carries the status a shell sees.
     via_shell: bool,
     input: Input,
+    /// Run as this user instead of the test's own.
+    user: Option<user::User>,
 }
 
 impl Default for Leasewrap {
@@ -186,7 +189,14 @@ impl Leasewrap {
             envs: Vec::new(),
             via_shell: false,
             input: Input::Null,
+            user: None,
         }
+    }
+
+    /// Runs as `user` (uid, gid, no supplementary groups).
+    pub fn run_as(mut self, user: user::User) -> Self {
+        self.user = Some(user);
+        self
     }
 
     /// `leasewrap SUBCOMMAND ...`: `--local-dir` only when given.
@@ -266,6 +276,10 @@ impl Leasewrap {
         };
         clean_env(&mut command);
         command.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        if let Some(user) = self.user {
+            use std::os::unix::process::CommandExt;
+            command.uid(user.uid).gid(user.gid);
+        }
         let mut running = Running::start(command, !matches!(self.input, Input::Null));
         running._local_dir = owned_dir;
         if let Input::Bytes(bytes) = self.input {
@@ -557,9 +571,22 @@ pub fn proc_state(pid: i32) -> Option<char> {
     proc_stat(pid)?.first()?.chars().next()
 }
 
-/// Whether PID is stopped (SIGSTOP, or a tracer).
+/// Whether PID is stopped (SIGSTOP, or a tracer), or as good as stopped: waiting (state D) for a
+/// vforked child that was stopped before it could exec, as dash's parent shell then does.
 pub fn is_stopped(pid: i32) -> bool {
-    matches!(proc_state(pid), Some('T' | 't'))
+    match proc_state(pid) {
+        Some('T' | 't') => true,
+        Some('D') => children_of(pid).into_iter().any(is_stopped),
+        _ => false,
+    }
+}
+
+/// The children of PID's main thread.
+fn children_of(pid: i32) -> Vec<i32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    text.split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
 }
 
 /// True while PID runs; a zombie counts as dead (PID 1 here may never reap orphans).

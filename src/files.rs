@@ -1,0 +1,291 @@
+//! leasewrap's own small files (lock, token, fence) in directories that someone else may be able
+//! to write: opened relative to a directory descriptor, never through a symbolic link, never
+//! blocking on a FIFO, and written only when they are a regular file of ours with one link.
+//! Their contents are never echoed in a message: a planted link must not turn an error line into
+//! a copy of some other file.
+//!
+//! A state directory (`--local-dir`) must also be owned by the effective user or root and be
+//! writable by nobody else: one user per directory. It never decides what the files mean.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+
+use crate::error::Error;
+
+/// The most a token or fence file may hold: a u64 in decimal and a newline, with room to spare.
+pub const TOKEN_FILE_MAX: usize = 32;
+
+/// An open directory, the anchor of every file opened in it.
+pub struct Dir {
+    /// Opened with O_DIRECTORY (and O_NOFOLLOW for a state directory).
+    fd: OwnedFd,
+    /// For messages, and for the paths handed to others (the lock key).
+    path: PathBuf,
+}
+
+impl Dir {
+    /// The state directory `path`, created as [`ensure_dir`] does if missing, and checked.
+    pub fn state(path: &Path) -> Result<Dir, Error> {
+        ensure_dir(path)?;
+        Dir::existing_state(path)?.ok_or_else(|| {
+            Error::Config(format!(
+                "--local-dir {}: removed while opening",
+                path.display()
+            ))
+        })
+    }
+
+    /// The state directory `path` if it exists, checked; never creates anything.
+    pub fn existing_state(path: &Path) -> Result<Option<Dir>, Error> {
+        let Some(dir) = Dir::to_read(path)? else {
+            return Ok(None);
+        };
+        dir.check_state()?;
+        Ok(Some(dir))
+    }
+
+    /// The state directory `path` if it exists, to read only (`status`, of any user's directory).
+    pub fn to_read(path: &Path) -> Result<Option<Dir>, Error> {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+        let fd = match open_dir(path, flags) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                return Err(refused(path, "is a symbolic link or not a directory"))
+            }
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "--local-dir {}: {e}",
+                    path.display()
+                )))
+            }
+        };
+        let path = path.to_owned();
+        Ok(Some(Dir { fd, path }))
+    }
+
+    /// The directory that holds `file` (following links on the way, as any path lookup does).
+    pub fn containing(file: &Path) -> Result<Dir, Error> {
+        let path = match file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let fd = open_dir(&path, OFlag::O_DIRECTORY)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        Ok(Dir { fd, path })
+    }
+
+    /// Owned by us or root, and writable by nobody else: nobody else can plant or swap files.
+    fn check_state(&self) -> Result<(), Error> {
+        let st = nix::sys::stat::fstat(&self.fd).map_err(|e| self.config(e))?;
+        let euid = nix::unistd::geteuid().as_raw();
+        if st.st_uid != euid && st.st_uid != 0 {
+            let why = format!("is owned by uid {}, not by uid {euid} or root", st.st_uid);
+            return Err(refused(&self.path, &why));
+        }
+        if st.st_mode & 0o022 != 0 {
+            let why = format!(
+                "is writable by group or others (mode {:o}); chmod go-w it",
+                st.st_mode & 0o7777
+            );
+            return Err(refused(&self.path, &why));
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `name` inside this directory, for messages and for others to open.
+    pub fn join(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        self.path.join(name.as_ref())
+    }
+
+    /// Open (creating, mode 0644) the file `name` for reading and writing; true if it was created
+    /// now. Refused unless it is a regular file owned by the effective user with one link.
+    pub fn open_own(&self, name: &str) -> Result<(File, bool), Error> {
+        let base = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let mode = Mode::from_bits_truncate(0o644);
+        let excl = base | OFlag::O_CREAT | OFlag::O_EXCL;
+        let (fd, created) = match nix::fcntl::openat(&self.fd, name, excl, mode) {
+            Ok(fd) => (fd, true),
+            Err(Errno::EEXIST) => (self.openat(name, base)?, false),
+            Err(e) => return Err(self.open_failed(name, e)),
+        };
+        let file = File::from(fd);
+        let st = nix::sys::stat::fstat(&file).map_err(|e| self.open_failed(name, e))?;
+        let euid = nix::unistd::geteuid().as_raw();
+        if !is_regular(&st) || st.st_uid != euid || st.st_nlink != 1 {
+            let why = "is not a regular file of this user with one link; remove it";
+            return Err(refused(&self.join(name), why));
+        }
+        Ok((file, created))
+    }
+
+    /// Open `name` read-only if it is a regular file (of anyone); None if it does not exist.
+    pub fn open_read(&self, name: &str) -> Result<Option<File>, Error> {
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::openat(&self.fd, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(self.open_failed(name, e)),
+        };
+        let file = File::from(fd);
+        let st = nix::sys::stat::fstat(&file).map_err(|e| self.open_failed(name, e))?;
+        if !is_regular(&st) {
+            return Err(refused(&self.join(name), "is not a regular file"));
+        }
+        Ok(Some(file))
+    }
+
+    fn openat(&self, name: &str, flags: OFlag) -> Result<OwnedFd, Error> {
+        nix::fcntl::openat(&self.fd, name, flags, Mode::empty())
+            .map_err(|e| self.open_failed(name, e))
+    }
+
+    /// What `name` is now, without following a link; None if nothing has that name.
+    pub fn stat(&self, name: &str) -> Option<FileStat> {
+        nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()
+    }
+
+    /// Make the directory's entries (a created or renamed file) durable.
+    pub fn sync(&self) -> io::Result<()> {
+        nix::unistd::fsync(&self.fd).map_err(io::Error::from)
+    }
+
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn open_failed(&self, name: &str, e: Errno) -> Error {
+        match e {
+            // O_NOFOLLOW on a link.
+            Errno::ELOOP => refused(&self.join(name), "is a symbolic link; remove it"),
+            e => Error::Config(format!("{}: {e}", self.join(name).display())),
+        }
+    }
+
+    fn config(&self, e: Errno) -> Error {
+        Error::Config(format!("{}: {e}", self.path.display()))
+    }
+}
+
+/// Create the directory `path` (and its parents) owner-only, 0755 for root, unless it exists.
+pub fn ensure_dir(path: &Path) -> Result<(), Error> {
+    let mode = if nix::unistd::geteuid().is_root() {
+        0o755
+    } else {
+        0o700
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| Error::Config(format!("--local-dir {}: {e}", path.display())))
+}
+
+fn open_dir(path: &Path, flags: OFlag) -> Result<OwnedFd, Errno> {
+    nix::fcntl::open(
+        path,
+        flags | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+fn is_regular(st: &FileStat) -> bool {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
+}
+
+fn refused(path: &Path, why: &str) -> Error {
+    Error::Config(format!("refusing {}: it {why}", path.display()))
+}
+
+/// Whether `file` is the inode that `meta` describes.
+pub fn same_inode(file: &File, st: &FileStat) -> bool {
+    file.metadata()
+        .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
+}
+
+/// The token a token or fence file holds: None when empty, else canonical decimal (no sign, no
+/// leading zero, at most one trailing newline). Reads at most `TOKEN_FILE_MAX` bytes and never
+/// puts the contents in its error.
+pub fn read_token(file: &File, path: &Path) -> Result<Option<u64>, Error> {
+    let mut buf = Vec::with_capacity(TOKEN_FILE_MAX + 1);
+    file.take(TOKEN_FILE_MAX as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    parse_token(&buf).map_err(|why| {
+        Error::Config(format!(
+            "{} {why}: fix or remove it by hand (its contents are not shown)",
+            path.display()
+        ))
+    })
+}
+
+/// The text of a token file: empty, or one canonical decimal u64 and an optional newline.
+pub fn parse_token(bytes: &[u8]) -> Result<Option<u64>, &'static str> {
+    if bytes.len() > TOKEN_FILE_MAX {
+        return Err("is longer than any token");
+    }
+    let digits = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let canonical = !digits.is_empty()
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits == b"0" || digits[0] != b'0');
+    if !canonical {
+        return Err("does not hold one token in plain decimal");
+    }
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .map(Some)
+        .ok_or("holds a number beyond any token")
+}
+
+/// Replace the whole content of `file` with `token` and a newline, durably.
+pub fn write_token(file: &File, token: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let text = format!("{token}\n");
+    file.write_all_at(text.as_bytes(), 0)?;
+    file.set_len(text.len() as u64)?;
+    file.sync_data()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_text_is_empty_or_one_canonical_decimal() {
+        assert_eq!(parse_token(b""), Ok(None));
+        assert_eq!(parse_token(b"0\n"), Ok(Some(0)));
+        assert_eq!(parse_token(b"17\n"), Ok(Some(17)));
+        assert_eq!(parse_token(b"17"), Ok(Some(17)));
+        assert_eq!(parse_token(b"18446744073709551615\n"), Ok(Some(u64::MAX)));
+        for bad in [
+            &b"007"[..],
+            b"8\n7",
+            b" 18",
+            b"-1",
+            b"+1",
+            b"\n",
+            b"1\n\n",
+            b"x",
+            b"18446744073709551616",
+            &[b'1'; 40],
+        ] {
+            assert!(parse_token(bad).is_err(), "{bad:?}");
+        }
+    }
+}

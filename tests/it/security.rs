@@ -1,0 +1,397 @@
+//! The attacks of a security review, replayed from outside: another user who can write the state
+//! directory or DEST's directory plants links, FIFOs, hard links, odd token files and temp file
+//! names; lease and file names that print like others or carry escape sequences. Each test shows
+//! the attack doing nothing: one clear line, the documented status, nothing run, nothing the
+//! attacker pointed at touched, nothing leaked into the message.
+//!
+//! Runs as root (the review's case) and, where it matters, as the second user of
+//! `support::user`; every run is bounded.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Command;
+
+use crate::support::user::{self, chmod};
+use crate::support::{assert_exit, Finished, Leasewrap, Output, Sandbox, RUN_BOUND};
+
+/// A run of lease `job` whose child would leave `ran` behind.
+fn job(sb: &Sandbox) -> Leasewrap {
+    let ran = sb.path("ran");
+    sb.leasewrap()
+        .name("job")
+        .cmd(&["touch", ran.to_str().unwrap()])
+}
+
+/// Asserts a refusal: status 78, an error line naming `what`, the child never ran.
+#[track_caller]
+fn assert_refused(sb: &Sandbox, out: &Output, what: &str) {
+    assert_exit(out, 78);
+    let errors: Vec<&str> = out.stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one error line{}", out.context());
+    assert!(errors[0].contains(what), "names {what}{}", out.context());
+    assert!(!sb.path("ran").exists(), "the child ran{}", out.context());
+}
+
+#[track_caller]
+fn mkfifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o666))
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local backend's state directory (items 4, 5, 6, 7).
+
+#[test]
+fn a_planted_link_as_lock_or_token_file_is_refused_and_its_target_is_untouched() {
+    for file in ["job.lock", "job.token"] {
+        let sb = Sandbox::new();
+        let victim = sb.path("victim");
+        fs::write(&victim, "3\n").unwrap();
+        symlink(&victim, sb.state().join(file)).unwrap();
+        let out = job(&sb).output();
+        assert_refused(&sb, &out, file);
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "3\n", "{file}");
+
+        // A dangling link does not create the file it names.
+        let sb = Sandbox::new();
+        let created = sb.path("nologin");
+        symlink(&created, sb.state().join(file)).unwrap();
+        let out = job(&sb).output();
+        assert_refused(&sb, &out, file);
+        assert!(!created.exists(), "{file} -> a missing file created it");
+    }
+}
+
+#[test]
+fn a_hard_linked_token_file_is_refused_and_the_other_name_keeps_its_content() {
+    let sb = Sandbox::new();
+    let victim = sb.path("victim");
+    fs::write(&victim, "41\n").unwrap();
+    fs::hard_link(&victim, sb.token_file("job")).unwrap();
+    let out = job(&sb).output();
+    assert_refused(&sb, &out, "job.token");
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "41\n");
+}
+
+#[test]
+fn a_fifo_as_lock_or_token_file_is_refused_at_once_and_status_does_not_hang() {
+    for file in ["job.lock", "job.token"] {
+        let sb = Sandbox::new();
+        mkfifo(&sb.state().join(file));
+        let out = job(&sb).output();
+        assert_refused(&sb, &out, file);
+    }
+    let sb = Sandbox::new();
+    mkfifo(&sb.lock_file("job"));
+    let out = Leasewrap::subcommand("status")
+        .local_dir(sb.state())
+        .args(&["job"])
+        .output();
+    assert_exit(&out, 78);
+    assert!(out.stderr.contains("job.lock"), "{}", out.context());
+}
+
+#[test]
+fn a_state_directory_others_can_write_or_another_user_owns_is_refused() {
+    let other = user::other();
+    for (mode, owner) in [(0o1777, None), (0o775, None), (0o755, Some(other))] {
+        let sb = Sandbox::new();
+        chmod(&sb.state(), mode);
+        if let Some(user) = owner {
+            user.owns(&sb.state());
+        }
+        let out = job(&sb).output();
+        let what = sb.state().display().to_string();
+        assert_refused(&sb, &out, &what);
+        assert!(
+            sb.token_files().is_empty() && !sb.lock_file("job").exists(),
+            "mode {mode:o}: files were made in the refused directory"
+        );
+    }
+}
+
+#[test]
+fn a_state_directory_is_one_users_a_second_user_gets_78_and_changes_nothing() {
+    let other = user::other();
+    let sb = Sandbox::new();
+    chmod(&sb.path(""), 0o755);
+    let out = job(&sb).output();
+    assert_exit(&out, 0);
+    assert_eq!(sb.token("job"), Some(1));
+    fs::remove_file(sb.path("ran")).unwrap();
+
+    // root's directory (0755): the second user may read it, not use it.
+    let out = job(&sb).run_as(other).output();
+    assert_exit(&out, 78);
+    assert!(out.stderr.contains("job.lock"), "{}", out.context());
+    assert!(!sb.path("ran").exists());
+    assert_eq!(sb.token("job"), Some(1));
+
+    // Its own directory works for it, and root refuses to follow it there.
+    let theirs = sb.path("theirs");
+    fs::create_dir(&theirs).unwrap();
+    other.owns(&theirs);
+    let ran = theirs.join("ran");
+    let run = |lw: Leasewrap| {
+        lw.local_dir(&theirs)
+            .name("job")
+            .cmd(&["touch", ran.to_str().unwrap()])
+            .output()
+    };
+    assert_exit(&run(Leasewrap::new().run_as(other)), 0);
+    let out = run(Leasewrap::new());
+    assert_exit(&out, 78);
+    assert!(out.stderr.contains("owned by uid"), "{}", out.context());
+}
+
+/// Runs `job` with `text` in its token file: the exit, and what the file holds afterwards.
+fn with_token_file(text: &[u8]) -> (Sandbox, Output, Vec<u8>) {
+    let sb = Sandbox::new();
+    fs::write(sb.token_file("job"), text).unwrap();
+    let out = job(&sb).output();
+    let after = fs::read(sb.token_file("job")).unwrap();
+    (sb, out, after)
+}
+
+#[test]
+fn the_token_file_holds_one_canonical_token_and_is_never_echoed() {
+    // At the top of u64 there is no next token: refused before the child starts.
+    let max = u64::MAX.to_string();
+    let (sb, out, after) = with_token_file(max.as_bytes());
+    assert_refused(&sb, &out, "highest token");
+    assert_eq!(after, max.as_bytes());
+
+    for bad in [&b"007\n"[..], b"", b"12abc", b"-1\n"] {
+        let (sb, out, after) = with_token_file(bad);
+        assert_refused(&sb, &out, "job.token");
+        assert_eq!(after, bad, "a refused token file was changed");
+    }
+
+    // 20 MiB: read no further than a token can reach, and none of it in the message.
+    let huge = vec![b'7'; 20 << 20];
+    let (sb, out, _) = with_token_file(&huge);
+    assert_refused(&sb, &out, "job.token");
+    assert!(
+        out.stderr.len() < 1000,
+        "{} bytes of stderr",
+        out.stderr.len()
+    );
+    assert!(!out.stderr.contains("7777"), "{}", out.context());
+
+    // A shorter new text leaves nothing of the old one behind.
+    let (_, out, after) = with_token_file(b"9\n");
+    assert_exit(&out, 0);
+    assert_eq!(after, b"10\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// fenced-write (items 0, 8, 9, 10, 11).
+
+/// `fenced-write --token TOKEN DEST [-- COMMAND...]` fed `input`.
+fn fenced_write(dest: &Path, token: u64, input: &[u8], command: &[&str]) -> Output {
+    let lw = Leasewrap::subcommand("fenced-write")
+        .args(&["--token", &token.to_string()])
+        .args(&[dest]);
+    let lw = if command.is_empty() {
+        lw
+    } else {
+        lw.cmd(command)
+    };
+    lw.stdin(input).output()
+}
+
+#[test]
+fn a_stalled_stale_writer_does_not_delay_a_newer_writer_and_the_newer_data_survives() {
+    let sb = Sandbox::new();
+    let dest = sb.path("report.csv");
+    let mut stale = Leasewrap::subcommand("fenced-write")
+        .args(&["--token", "5"])
+        .args(&[&dest])
+        .stdin_pipe()
+        .spawn();
+    let mut producer = stale.take_stdin();
+    std::io::Write::write_all(&mut producer, b"stale from A, half of it").unwrap();
+
+    // The stale writer's producer stalls (as a paused holder's does); the newer one must pass.
+    let fresh = fenced_write(&dest, 6, b"fresh from B\n", &[]);
+    assert_exit(&fresh, 0);
+    assert!(fresh.elapsed < RUN_BOUND);
+    std::io::Write::write_all(&mut producer, b"\n").unwrap();
+    drop(producer);
+    stale.wait_timeout(RUN_BOUND);
+    assert_exit(&stale, 73);
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "fresh from B\n");
+    assert_eq!(
+        fs::read_to_string(sb.path("report.csv.fence")).unwrap(),
+        "6\n"
+    );
+}
+
+#[test]
+fn a_planted_fence_link_is_refused_never_followed_and_never_echoed() {
+    let sb = Sandbox::new();
+    let dest = sb.path("a.csv");
+    let fence = sb.path("a.csv.fence");
+    let shadow = sb.path("shadow");
+    let secret = "root:$6$do-not-print-me:19000:0:99999:7:::\n";
+    fs::write(&shadow, secret).unwrap();
+    chmod(&shadow, 0o600);
+    symlink(&shadow, &fence).unwrap();
+    let out = fenced_write(&dest, 999, b"data\n", &[]);
+    assert_exit(&out, 78);
+    assert!(!out.stderr.contains("do-not-print-me"), "{}", out.context());
+    assert!(out.stderr.contains("a.csv.fence"), "{}", out.context());
+    assert_eq!(fs::read_to_string(&shadow).unwrap(), secret);
+    assert!(!dest.exists());
+
+    // A link to a file holding a token is not rewritten; a dangling one creates nothing.
+    fs::write(&shadow, "3\n").unwrap();
+    assert_exit(&fenced_write(&dest, 999, b"data\n", &[]), 78);
+    assert_eq!(fs::read_to_string(&shadow).unwrap(), "3\n");
+    fs::remove_file(&fence).unwrap();
+    let nologin = sb.path("nologin");
+    symlink(&nologin, &fence).unwrap();
+    assert_exit(&fenced_write(&dest, 999, b"data\n", &[]), 78);
+    assert!(!nologin.exists());
+
+    // A FIFO as the fence does not hang the writer.
+    fs::remove_file(&fence).unwrap();
+    mkfifo(&fence);
+    assert_exit(&fenced_write(&dest, 999, b"data\n", &[]), 78);
+}
+
+#[test]
+fn a_symlinked_dest_is_refused_so_its_target_cannot_get_a_second_fence() {
+    let sb = Sandbox::new();
+    fs::create_dir(sb.path("releases")).unwrap();
+    let target = sb.path("releases/report.csv");
+    let link = sb.path("current.csv");
+    symlink(&target, &link).unwrap();
+    assert_exit(&fenced_write(&target, 6, b"from B\n", &[]), 0);
+    let out = fenced_write(&link, 5, b"stale from A\n", &[]);
+    assert_exit(&out, 64);
+    assert!(out.stderr.contains("symbolic link"), "{}", out.context());
+    assert_eq!(fs::read_to_string(&target).unwrap(), "from B\n");
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(!sb.path("current.csv.fence").exists());
+}
+
+#[test]
+fn temp_names_taken_in_advance_by_another_user_do_not_block_a_writer() {
+    let other = user::other();
+    let sb = Sandbox::new();
+    let shared = sb.path("shared");
+    fs::create_dir(&shared).unwrap();
+    chmod(&sb.path(""), 0o755);
+    chmod(&shared, 0o1777);
+    let dest = shared.join("report.csv");
+    // The names the next few thousand pids would have used, taken as directories.
+    let last: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut squat = Command::new("mkdir");
+    for pid in last..last + 3000 {
+        squat.arg(shared.join(format!(".report.csv.fenced-write-{pid}.tmp")));
+    }
+    use std::os::unix::process::CommandExt;
+    squat.uid(other.uid).gid(other.gid);
+    let out = crate::support::run_bounded(squat, RUN_BOUND);
+    assert!(out.status.success(), "squatting: {}", out.stderr);
+    for token in 1..=5 {
+        let out = fenced_write(&dest, token, format!("{token}\n").as_bytes(), &[]);
+        assert_exit(&out, 0);
+    }
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "5\n");
+}
+
+#[test]
+fn fenced_write_with_a_command_commits_only_when_it_exits_0() {
+    let sb = Sandbox::new();
+    let dest = sb.path("rep.csv");
+    assert_exit(&fenced_write(&dest, 3, b"", &["sh", "-c", "echo whole"]), 0);
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "whole\n");
+
+    let failed = fenced_write(&dest, 4, b"", &["sh", "-c", "echo 'partial li'; exit 3"]);
+    assert_exit(&failed, 3);
+    let killed = fenced_write(
+        &dest,
+        4,
+        b"",
+        &["sh", "-c", "echo 'partial li'; kill -9 $$"],
+    );
+    assert_exit(&killed, 137);
+    let missing = fenced_write(&dest, 4, b"", &["leasewrap-test-no-such-command"]);
+    assert_exit(&missing, 127);
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "whole\n");
+    assert_eq!(fs::read_to_string(sb.path("rep.csv.fence")).unwrap(), "3\n");
+
+    // A stale token is refused before COMMAND runs.
+    let ran = sb.path("ran");
+    let touch = format!("touch {}", ran.display());
+    assert_exit(&fenced_write(&dest, 2, b"", &["sh", "-c", &touch]), 73);
+    assert!(!ran.exists(), "COMMAND ran for a stale token");
+}
+
+#[test]
+fn a_write_that_cannot_replace_dest_leaves_the_fence_where_it_was() {
+    let sb = Sandbox::new();
+    let dest = sb.path("rep.csv");
+    assert_exit(&fenced_write(&dest, 6, b"six\n", &[]), 0);
+    fs::remove_file(&dest).unwrap();
+    fs::create_dir(&dest).unwrap();
+    let out = fenced_write(&dest, 7, b"seven\n", &[]);
+    assert_exit(&out, 64);
+    assert!(out.stderr.contains("directory"), "{}", out.context());
+    assert_eq!(fs::read_to_string(sb.path("rep.csv.fence")).unwrap(), "6\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output and names (items 13, 14).
+
+#[test]
+fn status_escapes_control_characters_in_names_it_lists() {
+    let sb = Sandbox::new();
+    fs::write(sb.state().join("evil\x1b]0;owned\x07\x1b[2J.lock"), "").unwrap();
+    let out = Leasewrap::subcommand("status")
+        .local_dir(sb.state())
+        .output();
+    assert_exit(&out, 0);
+    assert!(!out.stdout.contains('\x1b'), "{:?}", out.stdout);
+    assert!(!out.stdout.contains('\x07'), "{:?}", out.stdout);
+    assert!(out.stdout.contains(r"evil\u{1b}]0;owned"), "{}", out.stdout);
+}
+
+#[test]
+fn lease_names_outside_letters_digits_and_a_few_marks_are_refused_with_64() {
+    let sb = Sandbox::new();
+    for name in [
+        "job\u{200b}",
+        "jo\u{202e}b",
+        "\u{3164}",
+        "job name",
+        "jöb",
+        "a\tb",
+    ] {
+        let out = sb.leasewrap().name(name).cmd(&["true"]).output();
+        assert_exit(&out, 64);
+        assert!(out.stderr.contains("--name"), "{name:?}{}", out.context());
+        let status = Leasewrap::subcommand("status")
+            .local_dir(sb.state())
+            .args(&[name])
+            .output();
+        assert_exit(&status, 64);
+    }
+    assert!(sb.token_files().is_empty(), "a refused name took a lease");
+    let out = sb
+        .leasewrap()
+        .name("nightly.report_v2-eu@host:1+x=y")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 0);
+}
