@@ -138,8 +138,8 @@ pub struct RunArgs {
     #[arg(short = 'c', value_name = "SHELL STRING", conflicts_with = "command")]
     pub shell: Option<String>,
 
-    /// Lease TTL to ask for; the server may grant more (etcd: at least 2s)
-    #[arg(long, value_name = "DUR", env = "LEASEWRAP_TTL", default_value = "10s", value_parser = parse_duration_nonzero)]
+    /// Lease TTL to ask for, at least 1s; the server may grant more (etcd: at least 2s)
+    #[arg(long, value_name = "DUR", env = "LEASEWRAP_TTL", default_value = "10s", value_parser = parse_ttl)]
     pub ttl: Duration,
 
     /// Fail at once if the lease is held
@@ -317,9 +317,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration ({e}; write it like 500ms, 10s, 1h30m, 7d)"))
 }
 
-fn parse_duration_nonzero(s: &str) -> Result<Duration, String> {
+/// The shortest TTL leasewrap takes. etcd counts TTLs in whole seconds, and below a second the
+/// renewal period, kill-after and margin (a third, a fifth and a tenth of it) shrink to less
+/// than an ordinary host's scheduling delays.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+fn parse_ttl(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
-        d if d.is_zero() => Err(format!("{s:?} must be more than zero")),
+        d if d < MIN_TTL => Err(format!(
+            "{s:?} is shorter than the shortest lease TTL, {}s",
+            MIN_TTL.as_secs()
+        )),
         d => Ok(d),
     }
 }
@@ -392,7 +400,10 @@ mod tests {
         for bad in ["", "abc", "10x", "-1s", "1e3s", "s", "1..5", ".", "1.5.5s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(parse_duration_nonzero("0s").is_err());
+        assert!(parse_ttl("0s").is_err());
+        assert!(parse_ttl("0.000000002s").is_err());
+        assert!(parse_ttl("999ms").is_err());
+        assert_eq!(parse_ttl("1s"), Ok(MIN_TTL));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! takes a lock, connects or starts a process; the one thing read from disk is what the options
 //! name (certificates, password file), so that a bad one fails before anything is acquired.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -389,29 +390,29 @@ fn check_endpoint(url: &str, tls: bool) -> Result<String, Error> {
     Ok(format!("{scheme}://{rest}"))
 }
 
+/// The variables that may hold `USER` or `USER:PASSWORD`, first found first used.
+pub const USER_VARS: [&str; 2] = ["LEASEWRAP_USER", "ETCDCTL_USER"];
+
+/// The variables that may hold the password itself.
+pub const PASSWORD_VARS: [&str; 2] = ["LEASEWRAP_PASSWORD", "ETCDCTL_PASSWORD"];
+
+/// The user of a `USER:PASSWORD` value: the bytes before the first ':', whatever the encoding.
+pub fn user_part(value: &OsStr) -> &OsStr {
+    let bytes = value.as_bytes();
+    let end = bytes.iter().position(|b| *b == b':').unwrap_or(bytes.len());
+    OsStr::from_bytes(&bytes[..end])
+}
+
 fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
-    let password_file = conn
-        .password_file
-        .clone()
-        .or_else(|| first(env, &["LEASEWRAP_PASSWORD_FILE"]).map(PathBuf::from));
-    let from_file = match &password_file {
-        Some(p) => {
-            let text = read_config_file(p, "--password-file")?;
-            Some(
-                String::from_utf8_lossy(&text)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_owned(),
-            )
-        }
-        None => None,
-    };
-    let Some(user) = conn
-        .user
-        .clone()
-        .or_else(|| first(env, &["LEASEWRAP_USER", "ETCDCTL_USER"]))
-    else {
+    let from_file = password_file(conn, env)?;
+    if conn.user.as_deref().is_some_and(|u| u.contains(':')) {
+        // Once: the options are checked once per process.
+        tracing::warn!(
+            "--user NAME:PASSWORD puts the password in /proc/PID/cmdline, which every user of \
+             this host can read: give it with --password-file instead",
+        );
+    }
+    let Some(user) = conn.user.clone().or_else(|| first(env, &USER_VARS)) else {
         return Ok(None);
     };
     let (user, inline) = match user.split_once(':') {
@@ -420,7 +421,7 @@ fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
     };
     let password = from_file
         .or(inline)
-        .or_else(|| first(env, &["LEASEWRAP_PASSWORD", "ETCDCTL_PASSWORD"]))
+        .or_else(|| first(env, &PASSWORD_VARS))
         .ok_or_else(|| {
             Error::Usage(format!(
                 "user {user:?} has no password: give --password-file or set LEASEWRAP_PASSWORD"
@@ -429,8 +430,42 @@ fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
     Ok(Some((user, password)))
 }
 
+/// The first line of the password file, if one is named; a warning when others may read it.
+fn password_file(conn: &ConnArgs, env: Env) -> Result<Option<String>, Error> {
+    let Some(path) = conn
+        .password_file
+        .clone()
+        .or_else(|| first(env, &["LEASEWRAP_PASSWORD_FILE"]).map(PathBuf::from))
+    else {
+        return Ok(None);
+    };
+    let (text, mode) = read_config_file_mode(&path, "--password-file")?;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            "--password-file {}: group or others may read it (mode {:o}): chmod go= it",
+            path.display(),
+            mode & 0o7777
+        );
+    }
+    let text = String::from_utf8_lossy(&text);
+    Ok(Some(text.lines().next().unwrap_or("").to_owned()))
+}
+
 fn read_config_file(path: &Path, flag: &str) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|e| Error::Config(format!("{flag} {}: {e}", path.display())))
+    read_config_file_mode(path, flag).map(|(bytes, _)| bytes)
+}
+
+/// The contents of a file an option names, and its permission bits (of the file read, not of
+/// whatever the path names a moment later).
+fn read_config_file_mode(path: &Path, flag: &str) -> Result<(Vec<u8>, u32), Error> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let bad = |e: std::io::Error| Error::Config(format!("{flag} {}: {e}", path.display()));
+    let mut file = std::fs::File::open(path).map_err(bad)?;
+    let mode = file.metadata().map_err(bad)?.mode();
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(bad)?;
+    Ok((bytes, mode))
 }
 
 #[cfg(test)]

@@ -60,6 +60,10 @@ use crate::supervise::Exit;
 
 /// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
 pub fn entry(args: Vec<OsString>) -> Exit {
+    // Not readable or traceable by other processes of the same user, the child included:
+    // /proc/PID/environ may hold a password. The watchdog and the child exec, which makes
+    // them dumpable again; the watchdog then turns it off for itself.
+    let _ = nix::sys::prctl::set_dumpable(false);
     unset_empty_clap_variables();
     let cli = match cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
@@ -103,12 +107,28 @@ fn unset_empty_clap_variables() {
     }
 }
 
+/// Once read, the passwords leave our own environment (a USER:PASSWORD keeps its user), so
+/// that nothing of ours passes them on. /proc/PID/environ still shows the environment leasewrap
+/// was started with: PR_SET_DUMPABLE keeps it from other processes of the same user.
+fn forget_passwords() {
+    for key in config::PASSWORD_VARS {
+        // Still single-threaded: nothing else reads the environment concurrently.
+        std::env::remove_var(key);
+    }
+    for key in config::USER_VARS {
+        if let Some(value) = std::env::var_os(key) {
+            std::env::set_var(key, config::user_part(&value));
+        }
+    }
+}
+
 fn run_command(args: &cli::RunArgs) -> Exit {
     log::init(&args.log);
     let cfg = match Config::from_args(args, &process_env) {
         Ok(cfg) => cfg,
         Err(e) => return fail(e, ExitCodes::default()),
     };
+    forget_passwords();
     match block_on(run::run(&cfg)) {
         Ok(exit) => exit,
         Err(e) => fail(e, cfg.codes),

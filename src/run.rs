@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
 use tracing::{debug, error, info, warn};
 
-use crate::config::{Backend, Config, EtcdConfig, Wait};
+use crate::config::{self, Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
 use crate::lease::{Held, LeaseEvent, Lessor};
 use crate::notify::Notifier;
@@ -319,10 +319,11 @@ fn base_env() -> Vec<(OsString, OsString)> {
         .filter(|(k, _)| !removed(k))
         .map(|(k, v)| {
             // USER:PASSWORD, as etcdctl takes it, keeps its user and loses its password.
-            let user_var = k == "LEASEWRAP_USER" || k == "ETCDCTL_USER";
-            match v.to_str().and_then(|v| v.split_once(':')) {
-                Some((user, _)) if user_var => (k, user.into()),
-                _ => (k, v),
+            if config::USER_VARS.iter().any(|u| k == *u) {
+                let user = config::user_part(&v).to_owned();
+                (k, user)
+            } else {
+                (k, v)
             }
         })
         .collect()

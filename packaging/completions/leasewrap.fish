@@ -26,7 +26,7 @@ end
 
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s c -d 'Run SHELL STRING through /bin/sh -c instead of COMMAND' -r
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l ttl -d 'Lease TTL to ask for; the server may grant more (etcd: at least 2s)' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l ttl -d 'Lease TTL to ask for, at least 1s; the server may grant more (etcd: at least 2s)' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s w -l wait -d 'Give up waiting for the lease after DUR (0 = --no-wait) [default: wait forever]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s E -l conflict-exit-code -d 'Exit status when the lease was not acquired (held, or the wait ran out)' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l kill-after -d 'Time between the stop signal and SIGKILL [default: min(2s, TTL/5)]' -r

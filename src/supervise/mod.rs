@@ -16,9 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use nix::errno::Errno;
 use nix::sys::signal::Signal;
-use nix::unistd::{getpid, Pid};
+use nix::unistd::Pid;
 use tokio::net::UnixStream;
 
 use crate::clock::BootInstant;
@@ -264,17 +263,19 @@ impl Supervisor {
     }
 
     /// The watchdog is gone without a final report: the child got SIGKILL from its
-    /// PR_SET_PDEATHSIG; kill the group and every descendant that came to us, and reap them.
+    /// PR_SET_PDEATHSIG; kill the group and every descendant that came to us, and reap them,
+    /// the child last (see [`tree::Tree`]).
     fn watchdog_died(&mut self) -> Event {
         let _ = self.watchdog.kill();
-        // Each blocking wait returns when one process ends; sweep again after it, since a process
-        // killed while forking may leave a new orphan that comes to us.
+        // Once the watchdog is reaped, every process it left is a child of ours.
+        let _ = self.watchdog.wait();
+        let mut tree = tree::Tree::inherited(self.child);
+        // Each sweep may miss a process forked during it; the next one gets it.
         loop {
-            tree::signal_tree(getpid(), self.child, Signal::SIGKILL);
-            match nix::sys::wait::waitpid(None, None) {
-                Ok(_) | Err(Errno::EINTR) => continue,
-                // No child left: the whole tree is gone.
-                Err(Errno::ECHILD) => return Event::WatchdogDied,
+            tree.signal(Signal::SIGKILL);
+            match tree.reap() {
+                Ok(true) => return Event::WatchdogDied,
+                Ok(false) => std::thread::sleep(tree::SWEEP_AGAIN),
                 Err(e) => {
                     tracing::error!(error = %e, "reaping what the watchdog left");
                     return Event::WatchdogDied;

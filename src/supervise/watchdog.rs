@@ -25,16 +25,13 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::{getpid, getppid, Pid};
 
 use super::protocol::{decode_env, unframe, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
-use super::tree;
+use super::tree::{Tree, SWEEP_AGAIN};
 use crate::clock::BootInstant;
 use crate::error::{Error, ExitCodes};
 use crate::lease::timing::stop_time;
 
 /// The argv word that selects this mode.
 pub const MODE: &str = "__watchdog";
-
-/// How often to look again for descendants that escaped a SIGKILL sweep by forking during it.
-const SWEEP_AGAIN: Duration = Duration::from_millis(20);
 
 /// What the watchdog is told on its command line.
 struct Args {
@@ -98,10 +95,8 @@ impl Lifecycle {
 struct Watchdog {
     /// Connection to leasewrap; `None` once it closed.
     socket: Option<UnixStream>,
-    /// The child: its pid, which is also its process group.
-    child: Pid,
-    /// The child's wait status once it ended (its descendants may live on).
-    status: Option<WaitStatus>,
+    /// The child, which leads its own process group, and every other descendant.
+    tree: Tree,
     /// Where the tree is in its life.
     lifecycle: Lifecycle,
     /// `D`, the SIGKILL instant; none on the local backend.
@@ -155,7 +150,17 @@ fn parse(args: Vec<OsString>) -> io::Result<Args> {
 
 /// Mask, handshake, the check that the stop time has not passed, spawn, then the event loop.
 fn run(args: Args) -> io::Result<()> {
+    // A session (and so a process group) of its own, before any child exists: a signal meant
+    // for leasewrap's group (`kill -- -PGID`, `kill %1`, the terminal's keys) must not stop or
+    // kill the one process that enforces the deadline. A session rather than a group, so that
+    // leasewrap's death does not orphan the group and make the kernel send it SIGHUP and
+    // SIGCONT; the child, in a group of its own in this session, has no controlling terminal.
+    nix::unistd::setsid()?;
     nix::sys::prctl::set_child_subreaper(true)?;
+    // Nothing of ours may be read or traced by a process of the same user (the child
+    // included): that is how it could stop us or take the lock file. The child itself is
+    // dumpable again once it execs an ordinary binary, as the kernel resets the flag.
+    nix::sys::prctl::set_dumpable(false)?;
     let sigfd = block_signals()?;
     let mut socket = UnixStream::from(args.socket);
     // leasewrap closing the socket first means it never got the lease: nothing to start.
@@ -183,8 +188,7 @@ fn run(args: Args) -> io::Result<()> {
     let _ = socket.write_all(&FromWatchdog::Started(child.as_raw()).encode());
     let mut w = Watchdog {
         socket: Some(socket),
-        child,
-        status: None,
+        tree: Tree::new(Some(child)),
         lifecycle: Lifecycle::Running,
         deadline: start.deadline,
         kill_after: start.kill_after,
@@ -195,29 +199,28 @@ fn run(args: Args) -> io::Result<()> {
     w.event_loop(&sigfd)
 }
 
-/// Block the signals the watchdog must outlive, and read SIGCHLD from a signalfd. INT, QUIT,
-/// HUP and TERM reach leasewrap, which forwards them; TSTP, TTIN and TTOU too, so that a
-/// terminal's Ctrl-Z does not stop the watchdog while the child, in its own process group, runs
-/// on past D. The child unblocks them all before exec.
+/// Block the signals the watchdog must outlive, and read SIGCHLD and the stop signals from a
+/// signalfd. INT, QUIT, HUP and TERM sent to the watchdog itself start an orderly stop. TSTP, TTIN and TTOU stay blocked, so that no
+/// stop of that kind keeps it from killing at D. The child unblocks them all before exec.
 fn block_signals() -> io::Result<SignalFd> {
-    let mut mask = SigSet::empty();
-    for s in [
+    let set = |signals: &[Signal]| {
+        let mut set = SigSet::empty();
+        signals.iter().for_each(|s| set.add(*s));
+        set
+    };
+    let read = [
         Signal::SIGCHLD,
         Signal::SIGINT,
         Signal::SIGQUIT,
         Signal::SIGHUP,
         Signal::SIGTERM,
-        Signal::SIGTSTP,
-        Signal::SIGTTIN,
-        Signal::SIGTTOU,
-    ] {
-        mask.add(s);
-    }
-    mask.thread_set_mask()?;
-    let mut chld = SigSet::empty();
-    chld.add(Signal::SIGCHLD);
+    ];
+    let terminal_stops = [Signal::SIGTSTP, Signal::SIGTTIN, Signal::SIGTTOU];
+    let mut blocked = set(&read);
+    blocked.extend(&set(&terminal_stops));
+    blocked.thread_set_mask()?;
     Ok(SignalFd::with_flags(
-        &chld,
+        &set(&read),
         SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK,
     )?)
 }
@@ -338,19 +341,30 @@ impl Watchdog {
         while !self.lifecycle.is_exited() {
             self.on_time(BootInstant::now());
             self.arm_timer()?;
-            let (sock_ready, chld_ready) = self.wait(sigfd)?;
+            let (sock_ready, sig_ready) = self.wait(sigfd)?;
             if sock_ready {
                 self.on_socket();
             }
-            if chld_ready {
-                while let Ok(Some(_)) = sigfd.read_signal() {}
+            if sig_ready {
+                self.on_signals(sigfd);
             }
             self.on_reaped()?;
         }
         Ok(())
     }
 
-    /// Block until the socket, SIGCHLD or the timer has something.
+    /// A stop signal sent to the watchdog itself (`pkill -f leasewrap` matches it too) stops the
+    /// tree in order, as leasewrap would on the same signal; SIGCHLD only wakes the reaping.
+    fn on_signals(&mut self, sigfd: &SignalFd) {
+        while let Ok(Some(info)) = sigfd.read_signal() {
+            match Signal::try_from(info.ssi_signo as i32) {
+                Ok(Signal::SIGCHLD) | Err(_) => {}
+                Ok(sig) => self.begin_stop(sig, BootInstant::now()),
+            }
+        }
+    }
+
+    /// Block until the socket, a signal or the timer has something.
     fn wait(&self, sigfd: &SignalFd) -> io::Result<(bool, bool)> {
         let mut fds = vec![
             PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
@@ -461,22 +475,16 @@ impl Watchdog {
 
     /// `sig` to the child's group and to every descendant, in it or not.
     fn signal_all(&self, sig: Signal) {
-        tree::signal_tree(getpid(), Some(self.child), sig);
+        self.tree.signal(sig);
     }
 
     /// Reap what ended; once the whole tree is gone, tell leasewrap and end.
     fn on_reaped(&mut self) -> io::Result<()> {
-        let reaped = tree::reap()?;
-        for (pid, status) in reaped.ended {
-            if pid == self.child {
-                self.status = Some(status);
-            }
-        }
-        if reaped.none_left {
-            let status = self.status.map_or(libc::SIGKILL, raw_status);
+        if self.tree.reap()? {
+            let status = self.tree.leader_status().map_or(libc::SIGKILL, raw_status);
             self.notify(FromWatchdog::Exited(status));
             self.lifecycle = Lifecycle::Exited;
-        } else if self.status.is_some() && self.lifecycle.is_running() {
+        } else if self.tree.leader_status().is_some() && self.lifecycle.is_running() {
             // The child is gone but left descendants behind: they go too.
             self.begin_stop(self.stop_signal, BootInstant::now());
         }
