@@ -350,7 +350,9 @@ const TREE_KILL_AFTER: &str = "500ms";
 /// kill-after + 1 s, as the spec promises for a SIGKILLed leasewrap or watchdog.
 const TREE_DEATH_BOUND: Duration = Duration::from_millis(1500);
 
-fn start_tree(sb: &Sandbox, name: &str) -> Tree {
+/// Starts `lw` (named, not yet given a command) on a child that ignores SIGTERM and has started
+/// a daemon, in a session of its own, that ignores it too.
+fn start_tree(sb: &Sandbox, lw: Leasewrap) -> Tree {
     let daemon = sb.script(
         "daemon.sh",
         &format!(
@@ -366,9 +368,7 @@ fn start_tree(sb: &Sandbox, name: &str) -> Tree {
             atomically("echo $$", &sb.path("child.pid")),
         ),
     );
-    let leasewrap = sb
-        .leasewrap()
-        .name(name)
+    let leasewrap = lw
         .args(&["--kill-after", TREE_KILL_AFTER])
         .cmd(&[path_str(&child)])
         .spawn();
@@ -412,7 +412,7 @@ impl Tree {
 #[test]
 fn sigkill_to_leasewrap_kills_the_whole_tree_including_a_daemon() {
     let sb = Sandbox::new();
-    let mut tree = start_tree(&sb, "killed");
+    let mut tree = start_tree(&sb, sb.leasewrap().name("killed"));
     tree.leasewrap.kill(Signal::SIGKILL);
     tree.leasewrap.wait_timeout(Duration::from_secs(1));
     assert_signaled(&tree.leasewrap, Signal::SIGKILL);
@@ -427,7 +427,7 @@ fn sigkill_to_leasewrap_kills_the_whole_tree_including_a_daemon() {
 #[test]
 fn after_sigkill_to_leasewrap_the_queued_holder_starts_only_once_the_old_tree_is_gone() {
     let sb = Sandbox::new();
-    let mut tree = start_tree(&sb, "handoff");
+    let mut tree = start_tree(&sb, sb.leasewrap().name("handoff"));
     let seen = sb.path("seen");
     // The next holder's child lists whichever process of the old tree still has a /proc entry
     // (running, or a zombie not yet reaped) at the moment it starts.
@@ -479,7 +479,7 @@ fn after_sigkill_to_leasewrap_the_queued_holder_starts_only_once_the_old_tree_is
 #[test]
 fn sigkill_to_the_watchdog_kills_the_whole_tree_including_a_daemon() {
     let sb = Sandbox::new();
-    let mut tree = start_tree(&sb, "watchdog");
+    let mut tree = start_tree(&sb, sb.leasewrap().name("watchdog"));
     signal::kill(Pid::from_raw(tree.watchdog), Signal::SIGKILL).expect("kill the watchdog");
     tree.assert_gone();
     tree.leasewrap.wait_timeout(STARTUP);
@@ -488,6 +488,176 @@ fn sigkill_to_the_watchdog_kills_the_whole_tree_including_a_daemon() {
         2,
         "token of the next holder"
     );
+}
+
+#[test]
+fn sigkill_to_leasewrap_s_process_group_kills_the_whole_tree_including_a_daemon() {
+    // `kill -9 -- -PGID`, or `kill -9 %1` from a job-control shell: the watchdog is not in
+    // leasewrap's group, so it lives on to kill the tree.
+    let sb = Sandbox::new();
+    let lw = sb.leasewrap().name("group").own_process_group();
+    let mut tree = start_tree(&sb, lw);
+    let group = Pid::from_raw(tree.leasewrap.pid());
+    signal::killpg(group, Signal::SIGKILL).expect("SIGKILL leasewrap's process group");
+    tree.leasewrap.wait_timeout(Duration::from_secs(1));
+    assert_signaled(&tree.leasewrap, Signal::SIGKILL);
+    tree.assert_gone();
+    assert_eq!(
+        token_run(&sb, "group", &["-n"]),
+        2,
+        "token of the next holder"
+    );
+}
+
+#[test]
+fn sigstop_to_leasewrap_s_process_group_leaves_the_watchdog_running() {
+    // `kill -STOP -- -PGID`, or Ctrl-Z: leasewrap stops, the process that enforces D does not.
+    let sb = Sandbox::new();
+    let lw = sb.leasewrap().name("stopped").own_process_group();
+    let tree = start_tree(&sb, lw);
+    let group = Pid::from_raw(tree.leasewrap.pid());
+    let _resume = ContinueGroupOnDrop(group);
+    signal::killpg(group, Signal::SIGSTOP).expect("SIGSTOP leasewrap's process group");
+    wait_until(STARTUP, "leasewrap to stop", || {
+        is_stopped(tree.leasewrap.pid())
+    });
+    // The stop reached every process of the group; the watchdog is in none of them.
+    assert!(
+        !is_stopped(tree.watchdog),
+        "the watchdog was stopped with leasewrap's group"
+    );
+    // Stopped or not, it still does its work: a stop signal sent to it stops the tree.
+    signal::kill(Pid::from_raw(tree.watchdog), Signal::SIGTERM).expect("TERM the watchdog");
+    tree.assert_gone();
+}
+
+/// SIGCONTs a process group on drop, so that a failed test leaves nothing stopped.
+struct ContinueGroupOnDrop(Pid);
+
+impl Drop for ContinueGroupOnDrop {
+    fn drop(&mut self) {
+        let _ = signal::killpg(self.0, Signal::SIGCONT);
+    }
+}
+
+#[test]
+fn sigterm_to_the_watchdog_itself_stops_the_whole_tree_in_order() {
+    // `pkill -f leasewrap` matches the watchdog too (`leasewrap __watchdog ...`). The child and
+    // the daemon ignore SIGTERM: they are SIGKILLed after --kill-after, and all reaped.
+    let sb = Sandbox::new();
+    let mut tree = start_tree(&sb, sb.leasewrap().name("pkill"));
+    signal::kill(Pid::from_raw(tree.watchdog), Signal::SIGTERM).expect("TERM the watchdog");
+    tree.assert_gone();
+    tree.leasewrap.wait_timeout(STARTUP);
+    assert_signaled(&tree.leasewrap, Signal::SIGKILL);
+    assert_eq!(
+        token_run(&sb, "pkill", &["-n"]),
+        2,
+        "token of the next holder"
+    );
+}
+
+/// A child that starts a daemon ignoring SIGTERM, then exits once `go` exists: the watchdog
+/// then stops the daemon, and its sweep lasts the whole --kill-after.
+fn start_tree_whose_child_exits(sb: &Sandbox, name: &str) -> (Running, i32, i32, i32) {
+    let daemon = sb.script(
+        "daemon.sh",
+        &format!(
+            "trap '' TERM\n{}\nexec sleep 60",
+            atomically("echo $$", &sb.path("daemon.pid"))
+        ),
+    );
+    let child = sb.script(
+        "child.sh",
+        &format!(
+            "setsid sh -c '\"$0\" &' {daemon} </dev/null >/dev/null 2>&1\n\
+             while [ ! -e {daemon_pid} ]; do sleep 0.01; done\n{child_pid}\n\
+             while [ ! -e {go} ]; do sleep 0.01; done",
+            daemon = q(&daemon),
+            daemon_pid = q(&sb.path("daemon.pid")),
+            child_pid = atomically("echo $$", &sb.path("child.pid")),
+            go = q(&sb.path("go")),
+        ),
+    );
+    let leasewrap = sb
+        .leasewrap()
+        .name(name)
+        .args(&["--kill-after", "3s"])
+        .cmd(&[path_str(&child)])
+        .spawn();
+    let child = read_pid(&sb.path("child.pid"), STARTUP);
+    let daemon = read_pid(&sb.path("daemon.pid"), STARTUP);
+    let watchdog = ppid_of(child).expect("the child's parent");
+    (leasewrap, child, daemon, watchdog)
+}
+
+/// Starts, as the second user, a process group leader on `pid` if it can get that pid: the way
+/// the review forced one, by writing the pid before it to ns_last_pid (other processes forking
+/// meanwhile take some tries).
+fn take_pid(pid: i32, while_running: &mut Running) -> Option<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let user = user::second_user();
+    for _ in 0..200 {
+        if while_running.try_status().is_some() {
+            return None;
+        }
+        fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("write /proc/sys/kernel/ns_last_pid (needs root)");
+        let mut taker = Command::new("sleep")
+            .arg("60")
+            .uid(user.uid)
+            .gid(user.gid)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sleep as the second user");
+        if taker.id() as i32 == pid {
+            return Some(taker);
+        }
+        let _ = taker.kill();
+        let _ = taker.wait();
+    }
+    None
+}
+
+/// The child has exited while its daemon lives on: its pid must still be the watchdog's
+/// zombie, so that nobody else can have it while the group is signalled; a process that
+/// nonetheless got that pid must survive the sweep.
+fn childs_pid_is_reserved_through_the_sweep(kill_the_watchdog: bool) {
+    let sb = Sandbox::new();
+    let (mut lw, child, daemon, watchdog) = start_tree_whose_child_exits(&sb, "reuse");
+    let _guard = KillOnDrop(vec![daemon]);
+    fs::write(sb.path("go"), "").expect("create go");
+    wait_until(STARTUP, "the child to exit", || !pid_alive(child));
+    let held = (proc_state(child), ppid_of(child));
+    if kill_the_watchdog {
+        signal::kill(Pid::from_raw(watchdog), Signal::SIGKILL).expect("kill the watchdog");
+    }
+    let taker = take_pid(child, &mut lw);
+    let _taker_guard = KillOnDrop(taker.iter().map(|t| t.id() as i32).collect());
+    lw.wait_timeout(STARTUP);
+    assert_eq!(
+        held,
+        (Some('Z'), Some(watchdog)),
+        "the exited child's pid was not held (as the watchdog's zombie) during the stop sweep"
+    );
+    if let Some(taker) = &taker {
+        assert!(
+            pid_alive(taker.id() as i32),
+            "the process that took the child's pid (and group) was killed by the sweep"
+        );
+    }
+    assert_all_die_within(TREE_DEATH_BOUND, &[("daemon", daemon)]);
+}
+
+#[test]
+fn a_process_that_takes_the_childs_pid_during_the_stop_sweep_is_never_signalled() {
+    childs_pid_is_reserved_through_the_sweep(false);
+}
+
+#[test]
+fn after_the_watchdog_dies_mid_sweep_leasewrap_spares_a_process_that_took_the_childs_pid() {
+    childs_pid_is_reserved_through_the_sweep(true);
 }
 
 #[test]
@@ -727,6 +897,8 @@ fn nonsense_for_any_option_exits_64_with_one_line_and_acquires_nothing() {
     let cases: Vec<Vec<&str>> = vec![
         vec!["--ttl", "abc"],
         vec!["--ttl", "0"],
+        vec!["--ttl", "0.000000002s"],
+        vec!["--ttl", "999ms"],
         vec!["--wait", "xyz"],
         vec!["-E", "notanumber"],
         vec!["--kill-after", "-1"],
@@ -742,6 +914,19 @@ fn nonsense_for_any_option_exits_64_with_one_line_and_acquires_nothing() {
         vec!["--dial-timeout", "0x"],
     ];
     assert_all_rejected(&cases, 64);
+}
+
+#[test]
+fn a_ttl_below_one_second_exits_64_naming_the_minimum_and_acquires_nothing() {
+    // It used to pass the flags and panic once the lock and token were taken.
+    for ttl in ["0.000000002s", "999ms"] {
+        let line = rejection(&["--name", "tiny", "--ttl", ttl], true, 64)
+            .unwrap_or_else(|problems| panic!("{problems}"));
+        assert!(
+            line.contains("1s"),
+            "the message does not name the minimum: {line}"
+        );
+    }
 }
 
 #[test]

@@ -15,6 +15,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -171,6 +172,8 @@ pub struct Leasewrap {
     input: Input,
     /// Run as this user instead of the test's own.
     user: Option<user::User>,
+    /// Start it in a process group of its own, as a job-control shell starts a job.
+    own_group: bool,
 }
 
 impl Default for Leasewrap {
@@ -189,6 +192,7 @@ impl Leasewrap {
             envs: Vec::new(),
             via_shell: false,
             input: Input::Null,
+            own_group: false,
             user: None,
         }
     }
@@ -251,6 +255,13 @@ impl Leasewrap {
         self
     }
 
+    /// Starts leasewrap in a process group of its own (its pid names it), as a job-control
+    /// shell starts a job, so that the test can signal the group as `kill %1` would.
+    pub fn own_process_group(mut self) -> Self {
+        self.own_group = true;
+        self
+    }
+
     /// Feeds `input` on stdin, then EOF (a run that exits before reading it all is fine).
     pub fn stdin(mut self, input: impl Into<Vec<u8>>) -> Self {
         self.input = Input::Bytes(input.into());
@@ -276,8 +287,10 @@ impl Leasewrap {
         };
         clean_env(&mut command);
         command.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        if self.own_group {
+            command.process_group(0);
+        }
         if let Some(user) = self.user {
-            use std::os::unix::process::CommandExt;
             command.uid(user.uid).gid(user.gid);
         }
         let mut running = Running::start(command, !matches!(self.input, Input::Null));
