@@ -278,6 +278,26 @@ pub enum LogFormat {
     Json,
 }
 
+/// The SECURITY section of the man page: what leasewrap guards against, and what it cannot.
+pub const SECURITY_NOTES: &[(&str, &str)] = &[
+    (
+        "Process group",
+        "The watchdog, the process that kills the child at the deadline, runs in a session of its own: a signal to leasewrap's process group (kill -- -PGID, kill %1, the terminal's keys) never reaches it. SIGTERM, SIGINT, SIGHUP or SIGQUIT sent to the watchdog itself, as pkill -f leasewrap does, stops the tree in order. The child has no controlling terminal.",
+    ),
+    (
+        "Pid reuse",
+        "The child is reaped last, so its pid and process group cannot be given to another process while they are signalled; other descendants are signalled through pidfds.",
+    ),
+    (
+        "Passwords",
+        "They never reach the child's environment and leave leasewrap's own once read. leasewrap and the watchdog are not dumpable (PR_SET_DUMPABLE 0): no other process of the same user, the child included, can read their /proc/PID/environ or trace them. A warning comes for --user NAME:PASSWORD on the command line (world-readable in /proc/PID/cmdline) and for a password file group or others may read.",
+    ),
+    (
+        "What remains",
+        "root and the user leasewrap runs as (its child included) can still kill every process by name at once (pkill -9 -f leasewrap): a daemonized descendant then outlives the lease. Pausing every process at once is what fencing tokens are for.",
+    ),
+];
+
 /// The variables clap reads as fallbacks for arguments (`env = ...`), in every subcommand.
 pub fn env_fallbacks() -> Vec<String> {
     fn walk(cmd: &clap::Command, found: &mut Vec<String>) {

@@ -55,6 +55,8 @@ on_both_versions!(
     child_dies_before_server_expiry_when_etcd_is_blackholed,
     child_dies_before_the_next_holder_starts_when_replies_are_delayed,
     watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped,
+    watchdog_kills_the_child_by_the_deadline_while_leasewrap_s_process_group_is_stopped,
+    a_stop_waits_the_kill_after_of_the_granted_ttl,
     waiter_whose_lease_expired_in_the_queue_never_starts_its_child,
     killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay_monotonic,
     child_is_stopped_at_the_deadline_while_etcd_is_down,
@@ -592,16 +594,42 @@ fn assert_next_holder_undisturbed(server: &dyn Server, prefix: &str, next: &Job)
     assert_eq!(all[0].create_revision, next.token());
 }
 
-/// SIGCONTs a stopped process on drop, so a failing test leaves nothing stopped.
-struct ContinueOnDrop(i32);
+/// Who gets SIGSTOP and SIGCONT: leasewrap alone, or its whole process group (`kill -STOP --
+/// -PGID`, Ctrl-Z), of which the watchdog must not be part.
+#[derive(Clone, Copy, PartialEq)]
+enum Stopped {
+    Leasewrap,
+    Group,
+}
+
+impl Stopped {
+    fn signal(self, leasewrap: i32, sig: Signal) -> nix::Result<()> {
+        match self {
+            Stopped::Leasewrap => signal::kill(Pid::from_raw(leasewrap), sig),
+            Stopped::Group => signal::killpg(Pid::from_raw(leasewrap), sig),
+        }
+    }
+}
+
+/// SIGCONTs what was stopped on drop, so a failing test leaves nothing stopped.
+struct ContinueOnDrop(Stopped, i32);
 
 impl Drop for ContinueOnDrop {
     fn drop(&mut self) {
-        let _ = signal::kill(Pid::from_raw(self.0), Signal::SIGCONT);
+        let _ = self.0.signal(self.1, Signal::SIGCONT);
     }
 }
 
 fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped(v: Version) {
+    holder_stopped_for_two_ttls(v, Stopped::Leasewrap);
+}
+
+fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_s_process_group_is_stopped(v: Version) {
+    holder_stopped_for_two_ttls(v, Stopped::Group);
+}
+
+/// F5: the holder's leasewrap (or its group) SIGSTOPped for 2 x TTL.
+fn holder_stopped_for_two_ttls(v: Version, stopped: Stopped) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix("f5");
     let sb = Sandbox::new();
@@ -611,7 +639,7 @@ fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped(v: Versio
             .name("job")
             .args(&FAULT_ARGS)
     };
-    let mut a = Job::spawn(lw(), Marks::new(&sb, "a"), true);
+    let mut a = Job::spawn(lw().own_process_group(), Marks::new(&sb, "a"), true);
     let a_child = a.child();
     let a_lease = a.var("LEASEWRAP_LEASE_ID");
     let leasewrap_pid = a.run.pid();
@@ -628,9 +656,11 @@ fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped(v: Versio
     let mut c = Job::spawn(lw(), Marks::new(&sb, "c"), false);
     wait_for_key_count(etcd, &prefix, 2, STARTUP);
 
-    let _resume = ContinueOnDrop(leasewrap_pid);
+    let _resume = ContinueOnDrop(stopped, leasewrap_pid);
     into_the_second_renewal_interval(&a);
-    a.run.kill(Signal::SIGSTOP);
+    stopped
+        .signal(leasewrap_pid, Signal::SIGSTOP)
+        .expect("SIGSTOP");
     let (paused, paused_ns) = (Instant::now(), now_ns());
     wait_until(Duration::from_secs(1), "leasewrap to stop", || {
         proc_state(leasewrap_pid) == Some('T')
@@ -642,7 +672,9 @@ fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped(v: Versio
         Some('T'),
         "leasewrap was no longer stopped before SIGCONT"
     );
-    a.run.kill(Signal::SIGCONT);
+    stopped
+        .signal(leasewrap_pid, Signal::SIGCONT)
+        .expect("SIGCONT");
 
     a.wait(Duration::from_secs(3));
     assert_exit(&a.run, 124);
@@ -652,12 +684,47 @@ fn watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped(v: Versio
     );
     assert_next_holder_undisturbed(etcd, &prefix, &c);
     eprintln!(
-        "F5 etcd {} leasewrap SIGSTOPped: {}",
+        "F5 etcd {} {} SIGSTOPped: {}",
         v.number(),
+        match stopped {
+            Stopped::Leasewrap => "leasewrap",
+            Stopped::Group => "leasewrap's process group",
+        },
         takeover.describe()
     );
     c.release();
     c.finish_with(0);
+}
+
+fn a_stop_waits_the_kill_after_of_the_granted_ttl(v: Version) {
+    // --ttl 1s is granted as 2s: kill-after is then 2s/5 = 400ms, not the 200ms of the TTL asked.
+    let etcd = etcd::shared(v);
+    let prefix = etcd::unique_prefix("granted_kill_after");
+    let sb = Sandbox::new();
+    let pid_file = sb.path("child.pid");
+    let script = format!(
+        "trap '' TERM; {}; while :; do sleep 0.02; done",
+        atomically("echo $$", &pid_file)
+    );
+    let mut lw = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
+        .name("job")
+        .args(&["--ttl", "1s"])
+        .cmd(&["sh", "-c", &script])
+        .spawn();
+    let child = read_pid(&pid_file, STARTUP);
+    let _guard = KillOnDrop(vec![child]);
+    let sent = Instant::now();
+    lw.kill(Signal::SIGTERM);
+    lw.wait_timeout(STARTUP);
+    let elapsed = sent.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(400),
+        "the child that ignores SIGTERM was SIGKILLed {elapsed:?} after it, before the \
+         kill-after of the granted TTL (400ms)\n{}",
+        lw.stderr()
+    );
+    assert!(!pid_alive(child), "the child outlived leasewrap");
 }
 
 // ---------------------------------------------------------------------------------------------

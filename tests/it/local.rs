@@ -557,9 +557,15 @@ fn sigterm_to_the_watchdog_itself_stops_the_whole_tree_in_order() {
     );
 }
 
-/// A child that starts a daemon ignoring SIGTERM, then exits once `go` exists: the watchdog
-/// then stops the daemon, and its sweep lasts the whole --kill-after.
-fn start_tree_whose_child_exits(sb: &Sandbox, name: &str) -> (Running, i32, i32, i32) {
+/// The attack on the child's pid, as a script for `unshare --pid --fork --mount-proc`: in a pid
+/// namespace of its own nothing else forks, so writing the pid before the child's to
+/// ns_last_pid gives the next process exactly the child's pid if it is free (and rewinding pids
+/// cannot hand another test's pids around). The child starts a daemon that ignores SIGTERM and
+/// exits once told to; while the watchdog stops the daemon (its sweep lasts --kill-after), a process of the
+/// second user asks for the child's pid, in a group of its own. The script reports what the
+/// child's pid was then, which pid the taker got, and whether the taker outlived leasewrap.
+fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
+    let user = user::other();
     let daemon = sb.script(
         "daemon.sh",
         &format!(
@@ -570,84 +576,82 @@ fn start_tree_whose_child_exits(sb: &Sandbox, name: &str) -> (Running, i32, i32,
     let child = sb.script(
         "child.sh",
         &format!(
-            "setsid sh -c '\"$0\" &' {daemon} </dev/null >/dev/null 2>&1\n\
-             while [ ! -e {daemon_pid} ]; do sleep 0.01; done\n{child_pid}\n\
-             while [ ! -e {go} ]; do sleep 0.01; done",
-            daemon = q(&daemon),
-            daemon_pid = q(&sb.path("daemon.pid")),
-            child_pid = atomically("echo $$", &sb.path("child.pid")),
-            go = q(&sb.path("go")),
+            "{}\nsetsid sh -c '\"$0\" &' {} </dev/null >/dev/null 2>&1\n\
+             while [ ! -e {} ]; do sleep 0.01; done\nexit 0",
+            atomically("echo $$", &sb.path("child.pid")),
+            q(&daemon),
+            q(&sb.path("go")),
         ),
     );
-    let leasewrap = sb
-        .leasewrap()
-        .name(name)
-        .args(&["--kill-after", "3s"])
-        .cmd(&[path_str(&child)])
-        .spawn();
-    let child = read_pid(&sb.path("child.pid"), STARTUP);
-    let daemon = read_pid(&sb.path("daemon.pid"), STARTUP);
-    let watchdog = ppid_of(child).expect("the child's parent");
-    (leasewrap, child, daemon, watchdog)
-}
-
-/// Starts, as the second user, a process group leader on `pid` if it can get that pid: the way
-/// the review forced one, by writing the pid before it to ns_last_pid (other processes forking
-/// meanwhile take some tries).
-fn take_pid(pid: i32, while_running: &mut Running) -> Option<std::process::Child> {
-    use std::os::unix::process::CommandExt;
-    let user = user::second_user();
-    for _ in 0..200 {
-        if while_running.try_status().is_some() {
-            return None;
-        }
-        fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-            .expect("write /proc/sys/kernel/ns_last_pid (needs root)");
-        let mut taker = Command::new("sleep")
-            .arg("60")
-            .uid(user.uid)
-            .gid(user.gid)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sleep as the second user");
-        if taker.id() as i32 == pid {
-            return Some(taker);
-        }
-        let _ = taker.kill();
-        let _ = taker.wait();
-    }
-    None
+    let state_of = "sed 's/.*) //' /proc/$c/stat 2>/dev/null | cut -d' ' -f1,2";
+    format!(
+        "{bin} --local-dir {state} --name reuse --kill-after 3s -- {child} &\n\
+         lw=$!\n\
+         i=0; while ! [ -e {child_pid} ] || ! [ -e {daemon_pid} ]; do\n\
+           [ $i -lt 1000 ] || exit 3; sleep 0.01; i=$((i+1)); done\n\
+         c=$(cat {child_pid}); wd=$({state_of} | cut -d' ' -f2)\n\
+         : > {go}\n\
+         i=0; while [ \"$({state_of} | cut -c1)\" = S ] && [ $i -lt 1000 ]; do\n\
+           sleep 0.01; i=$((i+1)); done\n\
+         echo \"held=$({state_of}) watchdog=$wd\"\n\
+         {kill}\
+         echo $((c - 1)) > /proc/sys/kernel/ns_last_pid\n\
+         setpriv --reuid={uid} --regid={gid} --clear-groups setsid sleep 60 &\n\
+         taker=$!\n\
+         wait $lw\n\
+         if kill -0 $taker 2>/dev/null; then alive=yes; else alive=no; fi\n\
+         echo \"child=$c taker=$taker alive=$alive\"\n\
+         kill -9 $taker 2>/dev/null; exit 0\n",
+        bin = q(Path::new(BIN)),
+        state = q(&sb.state()),
+        child = q(&child),
+        child_pid = q(&sb.path("child.pid")),
+        daemon_pid = q(&sb.path("daemon.pid")),
+        go = q(&sb.path("go")),
+        kill = if kill_the_watchdog {
+            "kill -9 $wd\n"
+        } else {
+            ""
+        },
+        uid = user.uid,
+        gid = user.gid,
+    )
 }
 
 /// The child has exited while its daemon lives on: its pid must still be the watchdog's
-/// zombie, so that nobody else can have it while the group is signalled; a process that
-/// nonetheless got that pid must survive the sweep.
+/// zombie, so that nobody else can have it while the group is signalled, and a process of
+/// another user that asks for it gets another one and is never signalled.
 fn childs_pid_is_reserved_through_the_sweep(kill_the_watchdog: bool) {
     let sb = Sandbox::new();
-    let (mut lw, child, daemon, watchdog) = start_tree_whose_child_exits(&sb, "reuse");
-    let _guard = KillOnDrop(vec![daemon]);
-    fs::write(sb.path("go"), "").expect("create go");
-    wait_until(STARTUP, "the child to exit", || !pid_alive(child));
-    let held = (proc_state(child), ppid_of(child));
-    if kill_the_watchdog {
-        signal::kill(Pid::from_raw(watchdog), Signal::SIGKILL).expect("kill the watchdog");
-    }
-    let taker = take_pid(child, &mut lw);
-    let _taker_guard = KillOnDrop(taker.iter().map(|t| t.id() as i32).collect());
-    lw.wait_timeout(STARTUP);
-    assert_eq!(
-        held,
-        (Some('Z'), Some(watchdog)),
-        "the exited child's pid was not held (as the watchdog's zombie) during the stop sweep"
+    let mut unshare = Command::new("unshare");
+    unshare
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
+        .arg(pid_attack_script(&sb, kill_the_watchdog));
+    let out = run_bounded(unshare, Duration::from_secs(20));
+    assert_exit(&out, 0);
+    let report = |key: &str| {
+        out.stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no {key}= in the report:\n{}{}", out.stdout, out.stderr))
+    };
+    let held = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        held.starts_with(&format!("held=Z {}", report("watchdog"))),
+        "the exited child's pid was not held as the watchdog's zombie during the sweep: {held}"
     );
-    if let Some(taker) = &taker {
-        assert!(
-            pid_alive(taker.id() as i32),
-            "the process that took the child's pid (and group) was killed by the sweep"
-        );
-    }
-    assert_all_die_within(TREE_DEATH_BOUND, &[("daemon", daemon)]);
+    assert_ne!(
+        report("taker"),
+        report("child"),
+        "a process of the second user got the exited child's pid during the stop sweep"
+    );
+    assert_eq!(
+        report("alive"),
+        "yes",
+        "the second user's process was signalled by the sweep:\n{}",
+        out.stdout
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
 //! - `security`: hostile state directories, fence files, temp names and lease names.
+//! - `secrets`: what processes of the same user learn of a password; warnings about passwords.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -22,4 +23,5 @@ mod harness;
 mod local;
 mod once;
 mod operating;
+mod secrets;
 mod security;

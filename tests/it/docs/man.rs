@@ -235,6 +235,7 @@ fn main_page(cmd: &clap::Command) -> String {
     s.heading("ONCE PER SCHEDULED RUN")
         .para("A lease gives mutual exclusion; --once gives a job that runs once per schedule on a fleet, and retries on another host when a run fails.")
         .items(leasewrap::runs::MAN_SECTION);
+    s.heading("SECURITY").items(leasewrap::cli::SECURITY_NOTES);
     s.heading("FILES")
         .item("DIR/NAME.lock", "the local backend's lock file, locked with flock(2) while the lease is held; it holds the holder's record (JSON: host, pid, command, start). DIR is --local-dir, by default /var/lib/leasewrap as root.")
         .item("DIR/NAME.token", "the local backend's fencing token counter. It must survive reboots: never delete it.")
