@@ -562,7 +562,8 @@ fn sigterm_to_the_watchdog_itself_stops_the_whole_tree_in_order() {
 /// ns_last_pid gives the next process exactly the child's pid if it is free (and rewinding pids
 /// cannot hand another test's pids around). The child starts a daemon that ignores SIGTERM and
 /// exits once told to; while the watchdog stops the daemon (its sweep lasts --kill-after), a process of the
-/// second user asks for the child's pid, in a group of its own. The script reports what the
+/// second user asks for the child's pid, in a group of its own (and then, if asked, the watchdog
+/// is SIGKILLed, so that leasewrap sweeps what it leaves). The script reports what the
 /// child's pid was then, which pid the taker got, and whether the taker outlived leasewrap.
 fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
     let user = user::other();
@@ -594,12 +595,15 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
          i=0; while [ \"$({state_of} | cut -c1)\" = S ] && [ $i -lt 1000 ]; do\n\
            sleep 0.01; i=$((i+1)); done\n\
          echo \"held=$({state_of}) watchdog=$wd\"\n\
-         {kill}\
          echo $((c - 1)) > /proc/sys/kernel/ns_last_pid\n\
          setpriv --reuid={uid} --regid={gid} --clear-groups setsid sleep 60 &\n\
          taker=$!\n\
+         i=0; while [ \"$(sed 's/.*) //' /proc/$taker/stat | cut -d' ' -f3)\" != $taker ]; do\n\
+           [ $i -lt 1000 ] || exit 4; sleep 0.01; i=$((i+1)); done\n\
+         {kill}\
          wait $lw\n\
-         if kill -0 $taker 2>/dev/null; then alive=yes; else alive=no; fi\n\
+         st=$(sed 's/.*) //' /proc/$taker/stat 2>/dev/null | cut -c1)\n\
+         if [ -n \"$st\" ] && [ \"$st\" != Z ]; then alive=yes; else alive=no; fi\n\
          echo \"child=$c taker=$taker alive=$alive\"\n\
          kill -9 $taker 2>/dev/null; exit 0\n",
         bin = q(Path::new(BIN)),
@@ -636,21 +640,21 @@ fn childs_pid_is_reserved_through_the_sweep(kill_the_watchdog: bool) {
             .map(str::to_owned)
             .unwrap_or_else(|| panic!("no {key}= in the report:\n{}{}", out.stdout, out.stderr))
     };
-    let held = out.stdout.lines().next().unwrap_or_default();
-    assert!(
-        held.starts_with(&format!("held=Z {}", report("watchdog"))),
-        "the exited child's pid was not held as the watchdog's zombie during the sweep: {held}"
+    assert_eq!(
+        report("alive"),
+        "yes",
+        "the second user's process was signalled by the sweep:\n{}",
+        out.stdout
     );
     assert_ne!(
         report("taker"),
         report("child"),
         "a process of the second user got the exited child's pid during the stop sweep"
     );
-    assert_eq!(
-        report("alive"),
-        "yes",
-        "the second user's process was signalled by the sweep:\n{}",
-        out.stdout
+    let held = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        held.starts_with(&format!("held=Z {}", report("watchdog"))),
+        "the exited child's pid was not held as the watchdog's zombie during the sweep: {held}"
     );
 }
 
