@@ -115,7 +115,7 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ("77", "etcd refused the authentication or the TLS handshake"),
     (
         "78",
-        "bad configuration: a certificate or password file is unreadable, or the local directory or a lock file cannot be made or opened",
+        "bad configuration: a certificate or password file is unreadable, or the local directory, a lock, token or fence file cannot be made or opened, or is refused (a symbolic link, a FIFO, another user's, writable by others, or not one plain token)",
     ),
     (
         "123",

@@ -148,12 +148,17 @@ impl Target {
         )))
     }
 
-    /// The recorded token as it is now, without the lock (a quick early refusal only).
+    /// The recorded token as it is now (for an early refusal only), under a shared lock so that
+    /// a record being rewritten is never seen half done. The lock is held only for the read.
     fn peek(&self) -> Result<Option<u64>, Error> {
-        match self.dir.open_read(&self.fence)? {
-            Some(file) => files::read_token(&file, &self.fence_path()),
-            None => Ok(None),
-        }
+        let Some(file) = self.dir.open_read(&self.fence)? else {
+            return Ok(None);
+        };
+        let fence = Flock::lock(file, FlockArg::LockShared).map_err(|(_, e)| {
+            let fence = self.fence_path();
+            Error::internal(format!("fenced-write: flock {}", fence.display()), e)
+        })?;
+        files::read_token(&fence, &self.fence_path())
     }
 
     fn refuse_if_stale(&self, token: u64, recorded: Option<u64>) -> Result<(), Error> {
