@@ -79,7 +79,7 @@ async fn run_in(cfg: &Config, book: &mut Book<'_>) -> Result<Exit, Error> {
     }
     let env = lease_env(cfg, &held);
     sup.start(&env, held.kill_after, held.deadline, held.keep_fd());
-    book.child_started();
+    book.child_started(&held);
     info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
     let outcome = book.after_run(&held, outcome).await;

@@ -25,6 +25,8 @@ pub struct Book<'a> {
     prior: Option<RunRecord>,
     /// KEY's record as it stands at the end: the one written, or the prior one.
     now: Option<RunRecord>,
+    /// On etcd, the lease for this run's record, asked for while the child runs.
+    record_lease: Option<etcd::RecordLease>,
 }
 
 impl<'a> Book<'a> {
@@ -37,6 +39,7 @@ impl<'a> Book<'a> {
             child_start: None,
             prior: None,
             now: None,
+            record_lease: None,
         }
     }
 
@@ -68,9 +71,13 @@ impl<'a> Book<'a> {
         }
     }
 
-    /// The child is being started now.
-    pub fn child_started(&mut self) {
+    /// The child is being started now. With --once on etcd, the lease for its record is asked
+    /// for while it runs.
+    pub fn child_started(&mut self, held: &Held) {
         self.child_start = Some(SystemTime::now());
+        if let (Some(once), Some(conn)) = (&self.cfg.once, held.etcd_conn()) {
+            self.record_lease = Some(etcd::RecordLease::ask(conn, once.keep));
+        }
     }
 
     /// The child's tree is gone and the lease still ours: with --once, record how the run went.
@@ -85,12 +92,15 @@ impl<'a> Book<'a> {
         };
         // A lost lease's token can write nothing; trying would only delay the exit.
         if matches!(ended, Err(Error::Lost { .. })) {
+            if let Some(lease) = self.record_lease.take() {
+                lease.drop_unused();
+            }
             return ended;
         }
         let run = run_of(held.token, start, &ended);
         let record = run.record(&self.cfg.name, &once.key, self.prior.as_ref(), once.keep);
         let success = run.outcome == Outcome::RanOk;
-        match write(self.cfg, once, held, &record).await {
+        match write(self.cfg, held, &record, self.record_lease.take()).await {
             Ok(Written::Stored) => {
                 self.now = Some(record);
                 ended
@@ -221,16 +231,18 @@ async fn read(cfg: &Config, once: &Once, held: &Held) -> Result<Option<RunRecord
 
 async fn write(
     cfg: &Config,
-    once: &Once,
     held: &Held,
     record: &RunRecord,
+    lease: Option<etcd::RecordLease>,
 ) -> Result<Written, Error> {
-    match (&cfg.backend, held.etcd_conn()) {
-        (Backend::Etcd(e), Some(conn)) => {
+    match (&cfg.backend, held.etcd_conn(), lease) {
+        (Backend::Etcd(e), Some(conn), Some(lease)) => {
             let lock = (held.key.as_str(), held.token);
-            etcd::write(conn, &e.prefix, lock, record, once.keep).await
+            etcd::write(conn, &e.prefix, lock, record, lease).await
         }
-        (Backend::Local { dir }, _) => local::write(dir, record, || held.local_check()),
-        (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),
+        (Backend::Local { dir }, _, _) => local::write(dir, record, || held.local_check()),
+        (Backend::Etcd(_), _, _) => Err(Error::Internal(
+            "an etcd lease without a connection or a record lease".into(),
+        )),
     }
 }

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use etcd_client::{GetOptions, PutOptions, TxnOp, TxnOpResponse, TxnResponse};
+use tokio::task::JoinHandle;
 
 use super::{RunRecord, Written};
 use crate::error::Error;
@@ -52,23 +53,50 @@ pub async fn read(
         })
 }
 
+/// The lease a run's record will be attached to, asked for while the child runs, so that
+/// recording the run takes one round trip after it ends.
+pub struct RecordLease(JoinHandle<Result<i64, Error>>);
+
+impl RecordLease {
+    /// Ask etcd for a lease of TTL `keep` (whole seconds, rounded up), in the background.
+    pub fn ask(conn: &Conn, keep: Duration) -> RecordLease {
+        let conn = conn.clone();
+        let ttl = keep.as_secs_f64().ceil().max(1.0) as i64;
+        RecordLease(tokio::spawn(async move {
+            let grant = conn
+                .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
+                .await?;
+            Ok(grant.id())
+        }))
+    }
+
+    async fn id(self) -> Result<i64, Error> {
+        self.0
+            .await
+            .map_err(|e| Error::internal("asking etcd for a run record's lease", e))?
+    }
+
+    /// Not needed after all (a lost run records nothing). Nothing waits for etcd on that path:
+    /// a lease already granted has no key and runs out by its TTL.
+    pub fn drop_unused(self) {
+        self.0.abort();
+    }
+}
+
 /// Store `record` under the fencing token: only while `lock` (key, token) still has the token
-/// as its create revision. The record gets a lease of TTL `keep`; the lease of the record it
-/// replaces, or the new one when refused, is revoked.
+/// as its create revision, attached to `lease`. The lease of the record it replaces, or `lease`
+/// when refused, is revoked.
 pub async fn write(
     conn: &Conn,
     prefix: &str,
     lock: (&str, u64),
     record: &RunRecord,
-    keep: Duration,
+    lease: RecordLease,
 ) -> Result<Written, Error> {
     let (lock_key, token) = lock;
-    let ttl = keep.as_secs_f64().ceil().max(1.0) as i64;
-    let grant = conn
-        .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
-        .await?;
+    let lease = lease.id().await?;
     let at = record_key(prefix, &record.name, &record.key);
-    let put = PutOptions::new().with_lease(grant.id());
+    let put = PutOptions::new().with_lease(lease);
     let ops = vec![
         TxnOp::get(at.clone(), None),
         TxnOp::put(at, record.to_json(), Some(put)),
@@ -81,7 +109,7 @@ pub async fn write(
             Ok(Written::Stored)
         }
         Guarded::Refused { create_revision } => {
-            revoke(conn, grant.id()).await;
+            revoke(conn, lease).await;
             let now = create_revision.map_or("none".into(), |r| r.to_string());
             Ok(Written::Refused(format!(
                 "lock key {lock_key} has create revision {now}, not {token}: another holder owns the lease"
