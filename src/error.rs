@@ -87,6 +87,15 @@ impl Error {
         }
     }
 
+    /// Whether this ends a run that started nothing because another holder has the lease or
+    /// KEY already ran: the everyday case of a fleet, logged as a warning (hidden by `-q`).
+    pub const fn is_skip(&self) -> bool {
+        matches!(
+            self,
+            Error::Busy { .. } | Error::WaitTimedOut { .. } | Error::Done { .. }
+        )
+    }
+
     /// Wrap an I/O failure of leasewrap's own, naming what it was doing.
     pub fn internal(doing: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Error::Internal(format!("{doing}: {err}"))

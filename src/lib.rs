@@ -182,8 +182,11 @@ fn first_line(text: &str) -> String {
 }
 
 fn fail(e: error::Error, codes: ExitCodes) -> Exit {
-    // A lost lease was logged, with its token, when it was noticed.
-    if !matches!(e, error::Error::Lost { .. }) {
+    // A lost lease was logged, with its token, when it was noticed. A skip (the lease held, or
+    // KEY done) is what a fleet does every night: not an error, so `-q -E 0` stays silent.
+    if e.is_skip() {
+        tracing::warn!("{e}");
+    } else if !matches!(e, error::Error::Lost { .. }) {
         tracing::error!("{e}");
     }
     Exit::Code(e.code(codes))

@@ -246,6 +246,17 @@ fn a_failed_run_is_retried_by_the_next_holder_and_then_skipped(on: On) {
     let third = fleet.lw().args(&once).cmd(&fleet.job("third", 0)).output();
     assert_exit(&third, 75);
     assert!(third.stderr.contains("already ran"), "{}", third.stderr);
+    let quiet = fleet
+        .lw()
+        .args(&once)
+        .args(&["-q", "-E", "0"])
+        .cmd(&fleet.job("fourth", 0))
+        .output();
+    assert_exit(&quiet, 0);
+    assert_eq!(
+        quiet.stderr, "",
+        "a skip under -q -E 0 is silent, so cron mails nothing"
+    );
     let runs = fleet.runs();
     assert_eq!(runs.len(), 2, "{runs:?}");
     let done = fleet.record("nightly").unwrap();
