@@ -831,6 +831,40 @@ class Bench:
         )
         self.details.append(f"fdatasync of a 2-byte rewrite in the local dir: {fmt_dist(fsync_cost(d), digits=3)}.")
 
+    # figure 9: what --once adds to `-- true` ------------------------------------------------------
+
+    def fig_once(self):
+        """--once KEY with a KEY not yet done: one read before the child, one guarded write after
+        it (on etcd the record's lease is granted while the child runs). Each iteration a new KEY."""
+        n = 5 if self.quick else self.args.n
+        d = os.path.join(self.tmp, "once")
+        os.makedirs(d)
+        self.log(f"[9] --once on -- true, etcd and local, n={n}")
+        plain_local = [self.lw, "--local-dir", d, "--name", "plain", "--", "true"]
+        res = self.alternate(
+            {
+                "etcd": lambda i: self.cmd("leasewrap", "plain", ["true"]),
+                "etcd --once": lambda i: [self.lw, "--once", f"k{i}", *self.cmd("leasewrap", "once", ["true"])[1:]],
+                "local": lambda i: plain_local,
+                "local --once": lambda i: [self.lw, "--once", f"k{i}", *plain_local[1:4], "once", "--", "true"],
+            },
+            n,
+        )
+        self.results["once"] = res
+        for backend in ("etcd", "local"):
+            plain, once = res[backend], res[f"{backend} --once"]
+            extra = statistics.median(once) - statistics.median(plain)
+            self.rows.append(
+                (
+                    f"9. `--once KEY -- true`, {backend}, KEY not yet done (a read and a guarded write)",
+                    fmt_dist(once),
+                    "leasewrap without --once: " + fmt_dist(plain),
+                    f"{statistics.median(once) / statistics.median(plain):.2f}",
+                    "— (reported: +{:.2f} ms)".format(extra),
+                    "—",
+                )
+            )
+
     # figure 3: handover --------------------------------------------------------------------------
 
     def handover_once(self, tool, name):
@@ -1307,6 +1341,7 @@ class Bench:
         6: "fig_rss",
         7: "fig_waiters",
         8: "fig_many",
+        9: "fig_once",
     }
 
     def run(self, only):
@@ -1502,7 +1537,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small n, for a smoke run; writes no file unless --output")
     ap.add_argument("--output", help="markdown file for the table (default: BENCHMARKS.md, none with --quick)")
     ap.add_argument("--json", help="also write the raw measurements to this file")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7,8", help="figures to run, e.g. 1,2")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,9", help="figures to run, e.g. 1,2")
     ap.add_argument("--n", type=int, default=40, help="iterations for figures 1–3 (default 40)")
     ap.add_argument("--n-slow", type=int, default=5, help="iterations per TTL and tool for figure 4 (default 5)")
     ap.add_argument("--n-overlap", type=int, default=3, help="iterations per fault and tool for figure 5 (default 3)")
