@@ -100,7 +100,7 @@ impl<'a> Book<'a> {
         let run = run_of(held.token, start, &ended);
         let record = run.record(&self.cfg.name, &once.key, self.prior.as_ref(), once.keep);
         let success = run.outcome == Outcome::RanOk;
-        match write(self.cfg, held, &record, self.record_lease.take()).await {
+        match write(self.cfg, once, held, &record, self.record_lease.take()).await {
             Ok(Written::Stored) => {
                 self.now = Some(record);
                 ended
@@ -117,7 +117,10 @@ impl<'a> Book<'a> {
                 tracing::warn!(name = %self.cfg.name, key = %once.key, reason = %why, "the failed run's record was refused");
                 ended
             }
-            Err(e) if success => Err(e),
+            Err(e) if success => {
+                tracing::error!(name = %self.cfg.name, key = %once.key, error = %e, "the success could not be recorded: the next holder runs KEY again");
+                Err(e)
+            }
             Err(e) => {
                 tracing::warn!(name = %self.cfg.name, key = %once.key, error = %e, "the failed run could not be recorded");
                 ended
@@ -231,6 +234,7 @@ async fn read(cfg: &Config, once: &Once, held: &Held) -> Result<Option<RunRecord
 
 async fn write(
     cfg: &Config,
+    once: &Once,
     held: &Held,
     record: &RunRecord,
     lease: Option<etcd::RecordLease>,
@@ -238,7 +242,7 @@ async fn write(
     match (&cfg.backend, held.etcd_conn(), lease) {
         (Backend::Etcd(e), Some(conn), Some(lease)) => {
             let lock = (held.key.as_str(), held.token);
-            etcd::write(conn, &e.prefix, lock, record, lease).await
+            etcd::write(conn, &e.prefix, lock, record, lease, once.keep).await
         }
         (Backend::Local { dir }, _, _) => local::write(dir, record, || held.local_check()),
         (Backend::Etcd(_), _, _) => Err(Error::Internal(

@@ -70,10 +70,16 @@ impl RecordLease {
         }))
     }
 
-    async fn id(self) -> Result<i64, Error> {
-        self.0
-            .await
-            .map_err(|e| Error::internal("asking etcd for a run record's lease", e))?
+    /// The lease's id. Asked for again if the early request failed: it may have been in flight
+    /// while this process was stopped, and its time ran out then.
+    async fn id(self, conn: &Conn, keep: Duration) -> Result<i64, Error> {
+        match self.0.await {
+            Ok(Ok(id)) => Ok(id),
+            _ => RecordLease::ask(conn, keep)
+                .0
+                .await
+                .map_err(|e| Error::internal("asking etcd for a run record's lease", e))?,
+        }
     }
 
     /// Not needed after all (a lost run records nothing). Nothing waits for etcd on that path:
@@ -92,9 +98,10 @@ pub async fn write(
     lock: (&str, u64),
     record: &RunRecord,
     lease: RecordLease,
+    keep: Duration,
 ) -> Result<Written, Error> {
     let (lock_key, token) = lock;
-    let lease = lease.id().await?;
+    let lease = lease.id(conn, keep).await?;
     let at = record_key(prefix, &record.name, &record.key);
     let put = PutOptions::new().with_lease(lease);
     let ops = vec![

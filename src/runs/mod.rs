@@ -44,7 +44,7 @@ pub const MAN_SECTION: &[(&str, &str)] = &[
     ),
     (
         "success",
-        "When COMMAND exits 0 the success is recorded under the fencing token: on etcd in one transaction that succeeds only while the own lock key still has the token as its create revision; on the local backend written and fsynced while the lock is held and its file is still the one its path names. A success that cannot be recorded (the lease was lost: a paused or cut-off holder) is not one: leasewrap exits with the lost status (124) and the next holder runs KEY again.",
+        "When COMMAND exits 0 the success is recorded under the fencing token: on etcd in one transaction that succeeds only while the own lock key still has the token as its create revision; on the local backend written and fsynced while the lock is held and its file is still the one its path names. A success that cannot be recorded (the lease was lost: a paused or cut-off holder) is not one: leasewrap exits with the lost status (124) and the next holder runs KEY again; one that etcd did not answer for exits 69, and likewise counts for nothing.",
     ),
     (
         "failure",
