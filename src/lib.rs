@@ -16,6 +16,7 @@
 //! - `lease::local`: the flock backend.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
+//! - `supervise::oversight`: leasewrap's check that the watchdog is not stopped when it must act.
 //! - `supervise::protocol`: the fixed frames between leasewrap and the watchdog.
 //! - `supervise::tree`: finding, signalling and reaping every descendant.
 //! - `run`: the one loop that ties lease, child and signals together.

@@ -136,6 +136,20 @@ impl Ending {
         self.timed_out = true;
     }
 
+    /// How leasewrap ends once leasewrap itself killed the tree, the watchdog having `what`:
+    /// as for a lost lease if it was lost, else as its own failure.
+    fn without_watchdog(&mut self, cfg: &Config, what: &str) -> Result<Exit, Error> {
+        match self.lost.take() {
+            Some(why) => Err(Error::Lost {
+                name: cfg.name.clone(),
+                why,
+            }),
+            None => Err(Error::Internal(format!(
+                "the watchdog {what}: the child's whole process tree was killed"
+            ))),
+        }
+    }
+
     /// How leasewrap ends once the child's tree is gone.
     fn finish(&mut self, cfg: &Config, exit: Exit) -> Result<Exit, Error> {
         let name = cfg.name.clone();
@@ -204,9 +218,13 @@ fn on_child(
         }
         Event::Exited(exit) => Some(ending.finish(cfg, exit)),
         Event::SpawnFailed(e) => Some(Err(e)),
-        Event::WatchdogDied => Some(Err(Error::Internal(
-            "the watchdog died: the child's whole process tree was killed".into(),
-        ))),
+        Event::WatchdogDied => Some(ending.without_watchdog(cfg, "died")),
+        Event::WatchdogStopped { deadline_passed } => {
+            if deadline_passed && ending.lost.is_none() {
+                ending.lose(cfg, token, "no renewal came before the deadline".into());
+            }
+            Some(ending.without_watchdog(cfg, "was stopped"))
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! leasewrap is a subreaper too, so that if the watchdog itself is killed, the descendants it
 //! leaves behind come to leasewrap, which kills them before it exits.
 
+pub mod oversight;
 pub mod protocol;
 pub mod tree;
 pub mod watchdog;
@@ -114,6 +115,9 @@ pub enum Event {
     SpawnFailed(Error),
     /// The watchdog died; leasewrap killed what was left of the tree.
     WatchdogDied,
+    /// The watchdog was stopped when it had to act: leasewrap killed it and the whole tree;
+    /// `deadline_passed` when that was at or after the stop time of the last `D`.
+    WatchdogStopped { deadline_passed: bool },
 }
 
 /// leasewrap's handle on the watchdog and, through it, the child.
@@ -127,6 +131,8 @@ pub struct Supervisor {
     child: Option<Pid>,
     /// COMMAND as the user wrote it, to name it when it cannot be executed.
     command: OsString,
+    /// When to look whether the watchdog can still do its work.
+    oversight: oversight::Oversight,
 }
 
 impl Supervisor {
@@ -172,6 +178,7 @@ impl Supervisor {
             watchdog,
             child: None,
             command: spec.argv[0].clone(),
+            oversight: oversight::Oversight::default(),
         })
     }
 
@@ -188,6 +195,7 @@ impl Supervisor {
         let mut msg = protocol::encode_env(lease_env);
         msg.extend_from_slice(&ToWatchdog::KillAfter(kill_after).encode());
         msg.extend_from_slice(&ToWatchdog::Deadline(deadline).encode());
+        self.oversight.started(kill_after, deadline);
         // `keep` (the local backend's locked lock file) rides along with the first byte: the
         // watchdog holds it until the whole tree is gone, so the kernel cannot hand the lock to
         // the next holder while a child of ours still runs, even if leasewrap is SIGKILLed.
@@ -218,6 +226,7 @@ impl Supervisor {
     pub fn send(&mut self, msg: ToWatchdog) {
         // A plain write: tokio's try_write refuses until the reactor has seen the socket writable.
         let _ = nix::unistd::write(&self.socket, &msg.encode());
+        self.oversight.sent(msg, BootInstant::now());
     }
 
     /// The next event. Cancel-safe.
@@ -232,8 +241,18 @@ impl Supervisor {
                     None => continue,
                 }
             }
-            if self.socket.readable().await.is_err() {
-                return self.watchdog_died();
+            let check = self.oversight.next_check();
+            tokio::select! {
+                biased;
+                ready = self.socket.readable() => if ready.is_err() {
+                    return self.watchdog_died();
+                },
+                () = sleep_until(check) => {
+                    if let Some(event) = self.look_at_the_watchdog(check) {
+                        return event;
+                    }
+                    continue;
+                }
             }
             let mut buf = [0; FRAME];
             let want = FRAME - self.partial.len();
@@ -262,6 +281,21 @@ impl Supervisor {
         }
     }
 
+    /// A moment at which the watchdog must act (see [`oversight`]): if it is stopped, it cannot,
+    /// so leasewrap kills it, which SIGKILLs the child (PR_SET_PDEATHSIG), and sweeps the rest.
+    fn look_at_the_watchdog(&mut self, at: Option<BootInstant>) -> Option<Event> {
+        if let Some(at) = at {
+            self.oversight.checked(at);
+        }
+        if !oversight::is_stopped(self.watchdog.id()) {
+            return None;
+        }
+        tracing::error!("the watchdog is stopped and cannot stop the child: killing it, and the child's whole tree with it");
+        let deadline_passed = self.oversight.past_stop_time(BootInstant::now());
+        self.watchdog_died();
+        Some(Event::WatchdogStopped { deadline_passed })
+    }
+
     /// The watchdog is gone without a final report: the child got SIGKILL from its
     /// PR_SET_PDEATHSIG; kill the group and every descendant that came to us, and reap them,
     /// the child last (see [`tree::Tree`]).
@@ -282,6 +316,14 @@ impl Supervisor {
                 }
             }
         }
+    }
+}
+
+/// Done at `t`; never without one.
+async fn sleep_until(t: Option<BootInstant>) {
+    match t {
+        Some(t) => tokio::time::sleep(BootInstant::now().until(t)).await,
+        None => std::future::pending().await,
     }
 }
 

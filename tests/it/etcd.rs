@@ -52,6 +52,7 @@ on_both_versions!(
     next_waiter_starts_soon_after_the_holder_exits,
     revoking_the_lease_stops_the_child_and_exits_124,
     deleting_the_lock_key_stops_the_child_and_exits_124,
+    losing_the_lease_while_the_watchdog_is_stopped_still_stops_the_child_and_exits_124,
     child_dies_before_server_expiry_when_etcd_is_blackholed,
     child_dies_before_the_next_holder_starts_when_replies_are_delayed,
     watchdog_kills_the_child_by_the_deadline_while_leasewrap_is_stopped,
@@ -490,6 +491,15 @@ fn deleting_the_lock_key_stops_the_child_and_exits_124(v: Version) {
 }
 
 fn lost_lease_stops_the_child(v: Version, how: &str) {
+    lost_lease_stops_the_child_with(v, how, false);
+}
+
+fn losing_the_lease_while_the_watchdog_is_stopped_still_stops_the_child_and_exits_124(v: Version) {
+    // The watchdog alone SIGSTOPped (by its pid) cannot stop the child: leasewrap must.
+    lost_lease_stops_the_child_with(v, "revoke", true);
+}
+
+fn lost_lease_stops_the_child_with(v: Version, how: &str, watchdog_stopped: bool) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix(how);
     let sb = Sandbox::new();
@@ -499,6 +509,12 @@ fn lost_lease_stops_the_child(v: Version, how: &str) {
     let mut a = Job::spawn(lw.args(&["--ttl", TTL_ARG]), Marks::new(&sb, "a"), false);
     let child = a.child();
     let lease = a.var("LEASEWRAP_LEASE_ID");
+    let watchdog = ppid_of(child).expect("the child's parent");
+    let _resume = ContinueOnDrop(Stopped::Leasewrap, watchdog);
+    if watchdog_stopped {
+        signal::kill(Pid::from_raw(watchdog), Signal::SIGSTOP).expect("SIGSTOP the watchdog");
+        wait_until(STARTUP, "the watchdog to stop", || is_stopped(watchdog));
+    }
     match how {
         "revoke" => ctl_ok(etcd, &["lease", "revoke", &lease]),
         "del" => ctl_ok(etcd, &["del", &a.var("LEASEWRAP_KEY")]),

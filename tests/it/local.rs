@@ -531,6 +531,28 @@ fn sigstop_to_leasewrap_s_process_group_leaves_the_watchdog_running() {
     tree.assert_gone();
 }
 
+#[test]
+fn sigterm_to_leasewrap_while_the_watchdog_is_stopped_still_stops_the_whole_tree() {
+    // The watchdog alone SIGSTOPped (by its pid) cannot stop anything: leasewrap must.
+    let sb = Sandbox::new();
+    let mut tree = start_tree(&sb, sb.leasewrap().name("stopped-watchdog"));
+    let watchdog = Pid::from_raw(tree.watchdog);
+    let _resume = ContinueGroupOnDrop(watchdog);
+    signal::kill(watchdog, Signal::SIGSTOP).expect("SIGSTOP the watchdog");
+    wait_until(STARTUP, "the watchdog to stop", || {
+        is_stopped(tree.watchdog)
+    });
+    tree.leasewrap.kill(Signal::SIGTERM);
+    tree.assert_gone();
+    tree.leasewrap.wait_timeout(STARTUP);
+    assert_exit(&tree.leasewrap, 125);
+    assert_eq!(
+        token_run(&sb, "stopped-watchdog", &["-n"]),
+        2,
+        "token of the next holder"
+    );
+}
+
 /// SIGCONTs a process group on drop, so that a failed test leaves nothing stopped.
 struct ContinueGroupOnDrop(Pid);
 
