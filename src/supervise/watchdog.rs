@@ -6,6 +6,8 @@
 //! socket closes (leasewrap died) it kills everything at once. It is single-threaded on purpose:
 //! the child's PR_SET_PDEATHSIG fires when the thread that forked it ends, which is this one.
 //! It never touches the network and never waits on anything but its own three descriptors.
+//! It runs in a session of its own, so that no signal meant for leasewrap's process group
+//! reaches it, and it reaps the child last, so that no pid it signals can name a stranger.
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -148,44 +150,19 @@ fn parse(args: Vec<OsString>) -> io::Result<Args> {
     })
 }
 
-/// Mask, handshake, the check that the stop time has not passed, spawn, then the event loop.
+/// Stand apart, mask, handshake, start the child (unless the stop time has passed), then the
+/// event loop until the whole tree is gone.
 fn run(args: Args) -> io::Result<()> {
-    // A session (and so a process group) of its own, before any child exists: a signal meant
-    // for leasewrap's group (`kill -- -PGID`, `kill %1`, the terminal's keys) must not stop or
-    // kill the one process that enforces the deadline. A session rather than a group, so that
-    // leasewrap's death does not orphan the group and make the kernel send it SIGHUP and
-    // SIGCONT; the child, in a group of its own in this session, has no controlling terminal.
-    nix::unistd::setsid()?;
-    nix::sys::prctl::set_child_subreaper(true)?;
-    // Nothing of ours may be read or traced by a process of the same user (the child
-    // included): that is how it could stop us or take the lock file. The child itself is
-    // dumpable again once it execs an ordinary binary, as the kernel resets the flag.
-    nix::sys::prctl::set_dumpable(false)?;
+    stand_apart()?;
     let sigfd = block_signals()?;
     let mut socket = UnixStream::from(args.socket);
     // leasewrap closing the socket first means it never got the lease: nothing to start.
-    let Some(start) = wait_for_start(&mut socket)? else {
+    let Some(mut start) = wait_for_start(&mut socket)? else {
         return Ok(());
     };
-    // The stop time may already have passed while leasewrap was sending (it checked just before):
-    // then the child must not start at all.
-    if start
-        .deadline
-        .is_some_and(|d| BootInstant::now() >= stop_time(d, start.kill_after))
-    {
-        let _ = socket.write_all(&FromWatchdog::DeadlinePassed.encode());
-        let _ = socket.write_all(&FromWatchdog::Exited(libc::SIGKILL).encode());
+    let Some(child) = start_child(&mut socket, &args.argv, &mut start) else {
         return Ok(());
-    }
-    let child = match spawn(&args.argv, start.env) {
-        Ok(pid) => pid,
-        Err(e) => {
-            let errno = e.raw_os_error().unwrap_or(libc::EIO);
-            let _ = socket.write_all(&FromWatchdog::SpawnFailed(errno).encode());
-            return Ok(());
-        }
     };
-    let _ = socket.write_all(&FromWatchdog::Started(child.as_raw()).encode());
     let mut w = Watchdog {
         socket: Some(socket),
         tree: Tree::new(Some(child)),
@@ -197,6 +174,49 @@ fn run(args: Args) -> io::Result<()> {
         _lock: start.lock,
     };
     w.event_loop(&sigfd)
+}
+
+/// A session (and so a process group) of its own, before any child exists: a signal meant for
+/// leasewrap's group (`kill -- -PGID`, `kill %1`, the terminal's keys) must not stop or kill the
+/// one process that enforces the deadline. A session rather than a group, so that leasewrap's
+/// death does not orphan the group and make the kernel send it SIGHUP and SIGCONT; the child, in
+/// a group of its own in this session, has no controlling terminal. Subreaper, so that every
+/// orphaned descendant comes to us; not dumpable, so that no process of the same user (the
+/// child included) can trace us or take our descriptors. The child is dumpable again once it
+/// execs an ordinary binary, as the kernel resets the flag.
+fn stand_apart() -> io::Result<()> {
+    nix::unistd::setsid()?;
+    nix::sys::prctl::set_child_subreaper(true)?;
+    nix::sys::prctl::set_dumpable(false)?;
+    Ok(())
+}
+
+/// Start the child and tell leasewrap so, or tell it why not: its pid, or none. The stop time
+/// may already have passed while leasewrap was sending (it checked just before): then the child
+/// must not start at all.
+fn start_child(socket: &mut UnixStream, argv: &[OsString], start: &mut Start) -> Option<Pid> {
+    let late = start
+        .deadline
+        .is_some_and(|d| BootInstant::now() >= stop_time(d, start.kill_after));
+    let report = |socket: &mut UnixStream, msg: FromWatchdog| {
+        let _ = socket.write_all(&msg.encode());
+    };
+    if late {
+        report(socket, FromWatchdog::DeadlinePassed);
+        report(socket, FromWatchdog::Exited(libc::SIGKILL));
+        return None;
+    }
+    match spawn(argv, std::mem::take(&mut start.env)) {
+        Ok(pid) => {
+            report(socket, FromWatchdog::Started(pid.as_raw()));
+            Some(pid)
+        }
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            report(socket, FromWatchdog::SpawnFailed(errno));
+            None
+        }
+    }
 }
 
 /// Block the signals the watchdog must outlive, and read SIGCHLD and the stop signals from a
