@@ -131,6 +131,7 @@ fn a_state_directory_is_one_users_a_second_user_gets_78_and_changes_nothing() {
     // Its own directory works for it, and root refuses to follow it there.
     let theirs = sb.path("theirs");
     fs::create_dir(&theirs).unwrap();
+    chmod(&theirs, 0o755);
     other.owns(&theirs);
     let ran = theirs.join("ran");
     let run = |lw: Leasewrap| {

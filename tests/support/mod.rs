@@ -56,7 +56,10 @@ impl Sandbox {
             .prefix("leasewrap-test-")
             .tempdir()
             .expect("create temp dir");
-        fs::create_dir(root.path().join("state")).expect("create state dir");
+        let state = root.path().join("state");
+        fs::create_dir(&state).expect("create state dir");
+        // Whatever the umask: leasewrap refuses a state directory that group or others can write.
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).expect("chmod state dir");
         Sandbox { root }
     }
 
@@ -314,6 +317,9 @@ impl Leasewrap {
             (None, Some(_)) => (None, None),
             (None, None) => {
                 let dir = tempfile::tempdir().expect("create temp local dir");
+                // Whatever the umask: leasewrap refuses a directory others can write.
+                fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700))
+                    .expect("chmod temp local dir");
                 (Some(dir.path().to_owned()), Some(dir))
             }
         };
