@@ -273,3 +273,29 @@ fn auth_confines_a_user_to_its_prefix() {
         assert!(!anonymous.status.success(), "etcd {}", version.number());
     }
 }
+
+#[test]
+fn proxy_stamps_each_request_a_client_sends_and_forgets_them_when_cleared() {
+    let etcd = etcd::shared(Version::V3_4);
+    let proxy = Proxy::start(etcd.addr());
+    let key = format!("{}key", etcd::unique_prefix("proxy_stamps"));
+    let before = Instant::now();
+    assert_ok(&Version::V3_4.etcdctl_at(&proxy.endpoint(), &["put", &key, "v"]));
+    let stamps = proxy.requests();
+    assert_eq!(stamps.len(), 1, "one put, stamped {stamps:?}");
+    assert!(stamps[0] >= before);
+    proxy.clear_requests();
+    assert!(proxy.requests().is_empty());
+}
+
+#[test]
+fn metrics_count_the_requests_the_server_received() {
+    let etcd = etcd::shared(Version::V3_5);
+    let scrape = || crate::bench_prom::Scrape::parse(&etcd.metrics());
+    let before = scrape();
+    let key = format!("{}key", etcd::unique_prefix("metrics"));
+    etcd.etcdctl_ok(&["put", &key, "v"]);
+    let delta = scrape().counters_since(&before);
+    let puts = delta.get("msg_received[Put]").copied().unwrap_or(0.0);
+    assert!(puts >= 1.0, "no Put counted: {delta:?}");
+}

@@ -263,6 +263,13 @@ impl Etcd {
         self.etcdctl_ok(&["user", "grant-role", name, name]);
     }
 
+    /// The text of etcd's /metrics (Prometheus format), from the plain-HTTP metrics port.
+    #[track_caller]
+    pub fn metrics(&self) -> String {
+        http_get(self.member.metrics, "/metrics")
+            .unwrap_or_else(|e| panic!("{}", self.member.report(&self.setup, &e)))
+    }
+
     /// SIGKILL now, and reap.
     pub fn kill(&mut self) {
         self.member.kill();
@@ -723,6 +730,31 @@ fn answers_healthy(port: u16) -> bool {
         && stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok()
         && stream.read_to_string(&mut reply).is_ok()
         && reply.contains(r#""health":"true""#)
+}
+
+/// The body of `GET path` on 127.0.0.1:`port` (HTTP/1.0: the server closes when done).
+fn http_get(port: u16, path: &str) -> Result<String, String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let fail = |e: io::Error| format!("GET {path} on port {port} failed: {e}");
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map_err(fail)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(fail)?;
+    let request = format!("GET {path} HTTP/1.0\r\n\r\n");
+    stream.write_all(request.as_bytes()).map_err(fail)?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).map_err(fail)?;
+    match reply.split_once("\r\n\r\n") {
+        Some((head, body))
+            if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") =>
+        {
+            Ok(body.to_owned())
+        }
+        _ => Err(format!(
+            "GET {path} on port {port}: {}",
+            reply.lines().next().unwrap_or("")
+        )),
+    }
 }
 
 /// A loopback port that was free a moment ago and that this process has not handed out before.

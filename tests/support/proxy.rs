@@ -1,6 +1,9 @@
 //! A fault-injecting TCP proxy for the tests: it forwards one loopback port to an upstream (an etcd)
 //! and, on command, blackholes traffic or delays replies, on live connections as well as new ones.
 //!
+//! It also stamps each gRPC request a client sends (an HTTP/2 DATA frame bound upstream), so a
+//! benchmark can tell when a holder last renewed.
+//!
 //! Owns its listener, its connections and their threads (one acceptor, two pumps per connection);
 //! dropping it closes them all. It never reorders bytes, and never blocks the test that drives it.
 
@@ -42,6 +45,8 @@ struct Shared {
     /// Both ends of every connection, for shutdown on drop; behind one lock with the stop flag so
     /// that no connection is added after the shutdown.
     conns: Mutex<Conns>,
+    /// When the proxy read each DATA frame a client sent upstream.
+    requests: Mutex<Vec<Instant>>,
 }
 
 struct Conns {
@@ -69,6 +74,7 @@ impl Proxy {
                 stopping: false,
                 sockets: Vec::new(),
             }),
+            requests: Mutex::new(Vec::new()),
         });
         let state = Arc::clone(&shared);
         let acceptor = thread::Builder::new()
@@ -94,6 +100,17 @@ impl Proxy {
     /// Applies at once, to live connections too.
     pub fn set_mode(&self, mode: Mode) {
         *self.shared.mode.lock().unwrap() = mode;
+    }
+
+    /// The instants at which the proxy read each gRPC request message (an HTTP/2 DATA frame) a
+    /// client sent upstream since the last `clear_requests`; bytes dropped by a blackhole are not
+    /// counted.
+    pub fn requests(&self) -> Vec<Instant> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+
+    pub fn clear_requests(&self) {
+        self.shared.requests.lock().unwrap().clear();
     }
 }
 
@@ -181,17 +198,21 @@ struct Pump {
     shared: Arc<Shared>,
     /// Chunks read but not yet written, with the instant each arrived.
     queue: VecDeque<(Instant, Vec<u8>)>,
+    /// Finds the requests in what a client sends (None for replies).
+    frames: Option<Frames>,
 }
 
 impl Pump {
     fn new(from: TcpStream, to: TcpStream, direction: Direction, shared: Arc<Shared>) -> Pump {
         let queue = VecDeque::new();
+        let frames = (direction == Direction::ToUpstream).then(Frames::new);
         Pump {
             from,
             to,
             direction,
             shared,
             queue,
+            frames,
         }
     }
 
@@ -218,7 +239,13 @@ impl Pump {
     /// Queues a chunk just read, unless the link is blackholed.
     fn take(&mut self, chunk: &[u8]) {
         if self.shared.mode() != Mode::Blackhole {
-            self.queue.push_back((Instant::now(), chunk.to_vec()));
+            let now = Instant::now();
+            if let Some(frames) = &mut self.frames {
+                let requests = frames.data_frames_in(chunk);
+                let mut stamps = self.shared.requests.lock().unwrap();
+                stamps.extend(std::iter::repeat(now).take(requests));
+            }
+            self.queue.push_back((now, chunk.to_vec()));
         }
     }
 
@@ -262,5 +289,89 @@ impl Pump {
     fn close_both(self) {
         let _ = self.from.shutdown(Shutdown::Both);
         let _ = self.to.shutdown(Shutdown::Both);
+    }
+}
+
+/// Splits the bytes a client sends into HTTP/2 frames (after the connection preface) and counts
+/// the DATA frames that carry bytes: each is a gRPC request message (PING, SETTINGS, HEADERS and
+/// WINDOW_UPDATE frames are not).
+struct Frames {
+    /// Bytes of the client preface still to skip.
+    preface_left: usize,
+    /// The start of a frame whose end has not arrived yet.
+    partial: Vec<u8>,
+}
+
+impl Frames {
+    /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`
+    const PREFACE_LEN: usize = 24;
+    /// Length (3 bytes), type, flags, stream id (4 bytes).
+    const HEADER_LEN: usize = 9;
+    const DATA: u8 = 0;
+
+    fn new() -> Frames {
+        Frames {
+            preface_left: Self::PREFACE_LEN,
+            partial: Vec::new(),
+        }
+    }
+
+    /// How many non-empty DATA frames end in `chunk`.
+    fn data_frames_in(&mut self, chunk: &[u8]) -> usize {
+        let skip = self.preface_left.min(chunk.len());
+        self.preface_left -= skip;
+        self.partial.extend_from_slice(&chunk[skip..]);
+        let mut count = 0;
+        let mut at = 0;
+        while let Some(header) = self.partial.get(at..at + Self::HEADER_LEN) {
+            let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let end = at + Self::HEADER_LEN + length;
+            if end > self.partial.len() {
+                break;
+            }
+            if header[3] == Self::DATA && length > 0 {
+                count += 1;
+            }
+            at = end;
+        }
+        self.partial.drain(..at);
+        count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // A `harness = false` bench compiles this module too (with --cfg test), without its #[test]
+    // functions: what only they use is unused there.
+    #![allow(unused_imports, dead_code)]
+
+    use super::Frames;
+
+    fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let len = (payload.len() as u32).to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, 0, 0, 0, 0, 1];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn frames_count_non_empty_data_frames_after_the_preface() {
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(4, &[0; 6])); // SETTINGS
+        bytes.extend(frame(0, b"request one"));
+        bytes.extend(frame(6, &[0; 8])); // PING
+        bytes.extend(frame(0, b"")); // empty DATA with END_STREAM: no message
+        bytes.extend(frame(0, b"request two"));
+        assert_eq!(Frames::new().data_frames_in(&bytes), 2);
+    }
+
+    #[test]
+    fn a_frame_split_across_reads_counts_once_in_the_read_that_ends_it() {
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(0, &[7; 300]));
+        let mut frames = Frames::new();
+        let counts: Vec<usize> = bytes.chunks(10).map(|c| frames.data_frames_in(c)).collect();
+        assert_eq!(counts.iter().sum::<usize>(), 1);
+        assert_eq!(counts.last(), Some(&1));
     }
 }

@@ -1,0 +1,171 @@
+//! Figure 3: the handover from a holder to its one queued waiter, for both tools, interleaved,
+//! measured two ways in the same run:
+//! - exec to exit: from the holder's child's exit (its pidfd turns readable) to the waiter's
+//!   child's execve (inotify IN_OPEN on its binary);
+//! - write to write: from the holder's child's last write to the waiter's child's first write
+//!   (IN_MODIFY on the files their stdout goes to).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+
+use crate::bench::{os, Bench, Child, Lock, Tool, START_BOUND};
+use crate::report::{Figure, Row};
+use crate::stats::{dist, median, ratio};
+
+const EXIT: &str = "exit";
+const LAST_WRITE: &str = "last-write";
+const FIRST_WRITE: &str = "first-write";
+
+/// One handover, in ms.
+struct Gaps {
+    exec: f64,
+    write: f64,
+    /// Holder's child: its last write to its exit.
+    write_to_exit: f64,
+    /// Waiter's child: its exec to its first write.
+    exec_to_write: f64,
+}
+
+/// Per tool: every handover, and how many had two events stamped by one wakeup.
+#[derive(Default)]
+struct Series {
+    gaps: Vec<Gaps>,
+    together: usize,
+}
+
+impl Series {
+    fn of(&self, f: impl Fn(&Gaps) -> f64) -> Vec<f64> {
+        self.gaps.iter().map(f).collect()
+    }
+}
+
+pub fn figure(bench: &mut Bench) -> Figure {
+    let hold_out = bench.path("hold.out");
+    let next_out = bench.path("next.out");
+    for path in [&hold_out, &next_out] {
+        File::create(path).expect("create a child's output file");
+    }
+    bench.events.watch_write(&hold_out, LAST_WRITE);
+    bench.events.watch_write(&next_out, FIRST_WRITE);
+    let mut series = [Series::default(), Series::default()];
+    for i in 0..bench.sizes.n {
+        for tool in Tool::interleaved(i) {
+            let s = &mut series[tool as usize];
+            let gaps = once(bench, tool, &format!("ho{i}"), s);
+            s.gaps.push(gaps);
+        }
+    }
+    let [lw, ec] = &series;
+    let exec = |s: &Series| s.of(|g| g.exec);
+    let write = |s: &Series| s.of(|g| g.write);
+    let exec_row = Row {
+        leasewrap: dist(&exec(lw), "ms", 2),
+        baseline: format!("etcdctl lock: {}", dist(&exec(ec), "ms", 2)),
+        ..Row::new(
+            "handover-exec",
+            "3. handover: holder's child exits → waiter's child execs",
+        )
+        .with_ratio(ratio(median(&exec(lw)), median(&exec(ec))))
+        .set("median_ms", median(&exec(lw)))
+    };
+    let write_row = Row {
+        leasewrap: dist(&write(lw), "ms", 2),
+        baseline: format!("etcdctl lock: {}", dist(&write(ec), "ms", 2)),
+        ..Row::new(
+            "handover-write",
+            "3. handover: holder's child's last write → waiter's child's first write",
+        )
+        .with_ratio(ratio(median(&write(lw)), median(&write(ec))))
+    };
+    Figure {
+        rows: vec![exec_row, write_row],
+        notes: vec![how(lw, ec, bench.sizes.n)],
+    }
+}
+
+fn how(lw: &Series, ec: &Series, n: usize) -> String {
+    let part = |s: &Series, f: fn(&Gaps) -> f64| dist(&s.of(f), "ms", 2);
+    format!(
+        "Handover, both measures from the same {n} handovers per tool. Exec to exit: from the \
+         holder's child's exit (its pidfd turns readable) to the waiter's child's execve (inotify \
+         IN_OPEN on its binary). Write to write: from the holder's child's last write (it is `cat` \
+         of a FIFO: the harness writes one line, then closes it) to the waiter's child's first \
+         write (`echo`), both seen as IN_MODIFY on the file its stdout goes to; every instant is \
+         stamped when the harness wakes in poll(). The parts that only the write measure holds: \
+         the holder's child's last write → its exit, leasewrap {}, etcdctl {}; the waiter's \
+         child's exec → its first write, leasewrap {}, etcdctl {}. Handovers with two of their \
+         events stamped by one wakeup (a gap then counts as ~0): leasewrap {}, etcdctl {}.",
+        part(lw, |g| g.write_to_exit),
+        part(ec, |g| g.write_to_exit),
+        part(lw, |g| g.exec_to_write),
+        part(ec, |g| g.exec_to_write),
+        lw.together,
+        ec.together
+    )
+}
+
+fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps {
+    let fifo = bench.path(&format!("fifo-{name}"));
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    bench.events.reset();
+    let log = format!("{}-handover", tool.name());
+    let lock = Lock::new(name);
+    let hold = bench.argv(
+        tool,
+        &lock,
+        &os(&[bench.child(Child::Hold).as_os_str(), fifo.as_os_str()]),
+    );
+    let holder = bench
+        .procs
+        .spawn(&hold, &log, Some(append(&bench.path("hold.out"))));
+    let (_, child) = bench.started(Child::Hold, &[holder]);
+    let next = bench.argv(
+        tool,
+        &lock,
+        &os(&[bench.child(Child::Next).as_os_str(), "first".as_ref()]),
+    );
+    let waiter = bench
+        .procs
+        .spawn(&next, &log, Some(append(&bench.path("next.out"))));
+    bench.wait_queued(tool, 1, &[holder, waiter]);
+    bench.events.watch_exit(child, EXIT);
+    release(&fifo);
+    let labels = [LAST_WRITE, EXIT, Child::Next.label(), FIRST_WRITE];
+    let got = bench.events.wait_all(&labels, START_BOUND);
+    assert_eq!(
+        got.len(),
+        labels.len(),
+        "{} handover {name}: saw only {:?}",
+        tool.name(),
+        got.keys()
+    );
+    let ev = &bench.events;
+    if ev.together(EXIT, Child::Next.label()) || ev.together(LAST_WRITE, FIRST_WRITE) {
+        series.together += 1;
+    }
+    bench.procs.finish(&[holder, waiter], START_BOUND, 0);
+    fs::remove_file(&fifo).expect("remove the fifo");
+    bench.sweep();
+    let ms = |a: &str, b: &str| got[b].duration_since(got[a]).as_secs_f64() * 1e3;
+    Gaps {
+        exec: ms(EXIT, Child::Next.label()),
+        write: ms(LAST_WRITE, FIRST_WRITE),
+        write_to_exit: ms(LAST_WRITE, EXIT),
+        exec_to_write: ms(Child::Next.label(), FIRST_WRITE),
+    }
+}
+
+/// The holder's child (`cat FIFO`) copies one line to its stdout, then sees EOF and exits.
+fn release(fifo: &Path) {
+    let mut w = OpenOptions::new()
+        .write(true)
+        .open(fifo)
+        .expect("open the fifo");
+    w.write_all(b"x\n").expect("write the fifo");
+}
+
+fn append(path: &Path) -> File {
+    let file = OpenOptions::new().append(true).open(path);
+    file.unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}

@@ -1,0 +1,144 @@
+//! The goals, each written once, as data: the report prints its text from the same entry it
+//! judges the row's number with.
+
+use super::report::Row;
+
+/// How a goal's number is written.
+#[derive(Clone, Copy, Debug)]
+pub enum Unit {
+    /// A ratio to the named baseline, measured in the same run.
+    Times(&'static str),
+    Ms,
+    /// Seconds beyond the TTL.
+    OverTtl,
+    /// 10⁶ bytes.
+    Mb,
+    /// Per cent of one core.
+    CorePercent,
+    /// A count of the named things.
+    Count(&'static str),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Bound {
+    AtMost(f64),
+    Below(f64),
+}
+
+/// One goal: row `row`'s value `value` must keep within `bound`.
+pub struct Goal {
+    pub row: &'static str,
+    pub value: &'static str,
+    pub bound: Bound,
+    pub unit: Unit,
+    /// Where the goal is set (SPEC §11, or the issue that asked for it).
+    pub from: &'static str,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Met,
+    Missed,
+    /// The row does not carry the value (the figure was not run, or had no sample).
+    NotMeasured,
+}
+
+impl Verdict {
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Met => "met",
+            Verdict::Missed => "MISSED",
+            Verdict::NotMeasured => "not measured",
+        }
+    }
+}
+
+const SPEC: &str = "SPEC §11";
+const ISSUE: &str = "issue 13";
+
+const fn goal(row: &'static str, value: &'static str, bound: Bound, unit: Unit) -> Goal {
+    Goal {
+        row,
+        value,
+        bound,
+        unit,
+        from: SPEC,
+    }
+}
+
+const fn asked(row: &'static str, value: &'static str, bound: Bound, unit: Unit) -> Goal {
+    Goal {
+        row,
+        value,
+        bound,
+        unit,
+        from: ISSUE,
+    }
+}
+
+use Bound::{AtMost, Below};
+use Unit::{CorePercent, Count, Mb, Ms, OverTtl, Times};
+
+pub const GOALS: &[Goal] = &[
+    goal("true-etcd", "ratio", AtMost(0.4), Times("etcdctl")),
+    goal("true-local", "ratio", AtMost(2.0), Times("flock")),
+    asked("true-local", "ratio", AtMost(1.5), Times("flock")),
+    goal("handover-exec", "median_ms", AtMost(2.0), Ms),
+    asked("handover-exec", "ratio", AtMost(1.0), Times("etcdctl")),
+    asked("handover-write", "ratio", AtMost(1.0), Times("etcdctl")),
+    goal("takeover-2", "worst_over_ttl_s", AtMost(0.6), OverTtl),
+    goal("takeover-2", "orphans", AtMost(0.0), Count("orphans")),
+    goal("takeover-5", "worst_over_ttl_s", AtMost(0.6), OverTtl),
+    goal("takeover-5", "orphans", AtMost(0.0), Count("orphans")),
+    goal("overlap-stop", "worst_ms", AtMost(0.0), Ms),
+    goal("overlap-partition", "worst_ms", AtMost(0.0), Ms),
+    goal("rss", "median_mb", AtMost(8.0), Mb),
+    goal("waiters", "p99_ms", AtMost(10.0), Ms),
+    goal(
+        "waiters",
+        "store_ops_ratio",
+        AtMost(1.25),
+        Times("the small chain's"),
+    ),
+    goal("many", "per_lease_pct", Below(0.1), CorePercent),
+];
+
+impl Goal {
+    /// `≤ 0.4 × etcdctl`, `< 0.1 % of a core`, `0 orphans` ...; then where it is set.
+    pub fn text(&self) -> String {
+        let (sign, x) = match self.bound {
+            AtMost(x) => ("≤ ", x),
+            Below(x) => ("< ", x),
+        };
+        let sign = if x == 0.0 { "" } else { sign };
+        let body = match self.unit {
+            Times(base) => format!("{sign}{x} × {base}"),
+            Ms => format!("{sign}{x} ms"),
+            OverTtl => format!("{sign}TTL + {x} s"),
+            Mb => format!("{sign}{x} MB"),
+            CorePercent => format!("{sign}{x} % of a core"),
+            Count(what) => format!("{sign}{x} {what}"),
+        };
+        format!("{body} ({})", self.from)
+    }
+
+    pub fn judge(&self, row: &Row) -> Verdict {
+        let Some(v) = row.value(self.value) else {
+            return Verdict::NotMeasured;
+        };
+        let met = match self.bound {
+            AtMost(x) => v <= x,
+            Below(x) => v < x,
+        };
+        if met {
+            Verdict::Met
+        } else {
+            Verdict::Missed
+        }
+    }
+}
+
+/// The goals of row `id`, in table order.
+pub fn of(id: &str) -> impl Iterator<Item = &'static Goal> + '_ {
+    GOALS.iter().filter(move |g| g.row == id)
+}

@@ -1,0 +1,196 @@
+//! `cargo bench`: the figures of SPEC §11 (BENCHMARKS.md), leasewrap against `etcdctl lock` 3.4
+//! and `flock(1)`, interleaved run by run, on the tests' own harness (tests/support: the etcd
+//! launcher and the fault proxy).
+//!
+//!     cargo bench                     every figure, printed (about 5 minutes)
+//!     cargo bench -- --write          the same, then rewrites BENCHMARKS.md
+//!     cargo bench -- --quick          small sizes, for development (about 1.5 minutes)
+//!     cargo bench -- --only 1,3       some figures
+//!
+//! `cargo test --all-targets` builds this target and runs it without `--bench`: it then measures
+//! nothing. Its statistics are unit-tested in the integration test binary (tests/it/main.rs).
+//!
+//! # Layout
+//!
+//! - `bench`: the shared context: etcd, proxy, the tools' command lines, bounded waits.
+//! - `observe`: instants of execs, writes (inotify) and exits (pidfd), stamped in poll().
+//! - `procs`: spawning in sessions, sweeping, /proc readers.
+//! - `figure`: one module per figure, each returning rows and notes (no printing).
+//! - `goals`: the goals table, written once, used to judge and to print.
+//! - `report`: the table on stdout and BENCHMARKS.md.
+//! - `stats`, `prom`: median, percentiles, ratios; etcd's /metrics as numbers.
+//! - `machine`: the machine and run facts of the report.
+
+#[allow(dead_code, unused_imports)]
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod bench;
+mod figure;
+mod goals;
+mod machine;
+mod observe;
+mod procs;
+mod prom;
+mod report;
+mod stats;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use bench::{Bench, Sizes};
+use report::Figure;
+
+/// Measures one figure.
+type Measure = fn(&mut Bench) -> Figure;
+
+/// The figures by number, as `--only` names them.
+const FIGURES: [(u32, &str, Measure); 9] = [
+    (1, "-- true on etcd", figure::whole_run::on_etcd),
+    (2, "-- true on the local backend", figure::whole_run::local),
+    (3, "handover", figure::handover::figure),
+    (4, "takeover after SIGKILL", figure::takeover::figure),
+    (
+        5,
+        "overlap under SIGSTOP and partition",
+        figure::overlap::figure,
+    ),
+    (6, "memory", figure::memory::figure),
+    (7, "waiters on one lease", figure::waiters::figure),
+    (8, "leases held at once", figure::many::figure),
+    (9, "--once", figure::whole_run::once),
+];
+
+struct Options {
+    quick: bool,
+    write: bool,
+    build: bool,
+    only: Vec<u32>,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--bench") {
+        println!("figures: a benchmark (cargo bench); nothing measured under cargo test");
+        return ExitCode::SUCCESS;
+    }
+    let opts = match parse(&args) {
+        Ok(opts) => opts,
+        Err(why) => {
+            eprintln!("figures: {why}");
+            return ExitCode::from(64);
+        }
+    };
+    run(&opts)
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut opts = Options {
+        quick: false,
+        write: false,
+        build: true,
+        only: FIGURES.iter().map(|f| f.0).collect(),
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--bench" => {}
+            "--quick" => opts.quick = true,
+            "--write" => opts.write = true,
+            "--no-build" => opts.build = false,
+            "--only" => {
+                let list = it.next().ok_or("--only needs a list such as 1,3")?;
+                let only: Result<Vec<u32>, _> = list.split(',').map(str::parse).collect();
+                opts.only =
+                    only.map_err(|_| format!("--only {list}: not a list of figure numbers"))?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other} (known: --quick, --write, --only LIST, --no-build)"
+                ))
+            }
+        }
+    }
+    if opts.write && (opts.quick || opts.only.len() != FIGURES.len()) {
+        return Err("--write rewrites BENCHMARKS.md from a full run: no --quick or --only".into());
+    }
+    Ok(opts)
+}
+
+fn run(opts: &Options) -> ExitCode {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let binary = PathBuf::from(support::BIN);
+    if opts.build {
+        build_release(&root);
+    }
+    raise_fd_limit();
+    let mut machine = machine::Machine::start(&binary, &root);
+    let sizes = if opts.quick {
+        Sizes::QUICK
+    } else {
+        Sizes::FULL
+    };
+    let mut bench = Bench::new(sizes, binary);
+    let mut figures = Vec::new();
+    for (number, what, measure) in FIGURES {
+        if opts.only.contains(&number) {
+            println!("[{number}] {what}");
+            let started = std::time::Instant::now();
+            figures.push(measure(&mut bench));
+            bench.sweep();
+            println!("    done in {:.1} s", started.elapsed().as_secs_f64());
+        }
+    }
+    drop(bench);
+    machine.finish();
+    report::print(&figures);
+    for line in machine.lines() {
+        println!("- {line}");
+    }
+    let missed = report::missed(&figures);
+    println!(
+        "\ngoals not met: {}",
+        if missed.is_empty() {
+            "none".into()
+        } else {
+            missed.join("\n    ")
+        }
+    );
+    if opts.write {
+        let path = root.join("BENCHMARKS.md");
+        report::write(
+            &path,
+            &report::markdown(&figures, &machine, "cargo bench -- --write"),
+        );
+        println!("wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
+/// `cargo build --release`, so that the binary measured is the release build (cargo bench
+/// builds `target/release/leasewrap` with the bench profile, which unwinds on panic).
+fn build_release(root: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!("cargo build --release");
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--bin", "leasewrap"])
+        .current_dir(root)
+        .status()
+        .expect("run cargo build --release");
+    assert!(status.success(), "cargo build --release failed: {status}");
+}
+
+/// 500 leases: etcd (which inherits the limit) needs a descriptor per connection.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only `lim`, which lives across both calls.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
