@@ -181,8 +181,9 @@ impl Bench {
             fs::copy(child.original(), &path).expect("copy a child binary");
             events.watch_exec(&path, child.label());
         }
-        let procs = Procs::new(tmp.path().join("logs"));
+        let mut procs = Procs::new(tmp.path().join("logs"));
         let etcd = Etcd::start(Version::V3_4);
+        procs.spare(etcd.pid().expect("etcd runs") as i32);
         let proxy = Proxy::start(etcd.addr());
         let seed = Instant::now().elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
         let mut bench = Bench {

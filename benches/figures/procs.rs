@@ -2,8 +2,9 @@
 //!
 //! A process the harness starts runs in a session of its own, and the harness is a child
 //! subreaper, so orphans (an `etcdctl lock` child whose parent was SIGKILLed) come back to it.
-//! `sweep` SIGKILLs and reaps everything left in those sessions; `Drop` sweeps too, so a failed
-//! figure leaves nothing behind. It never signals a process outside its own sessions.
+//! `sweep` SIGKILLs and reaps every descendant of the harness but etcd's (a watchdog may have a
+//! session of its own); `Drop` sweeps too, so a failed figure leaves nothing behind. It never
+//! signals a process that does not descend from the harness.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -27,8 +28,8 @@ const SWEEP_BOUND: Duration = Duration::from_secs(10);
 const SWEEP_POLL: Duration = Duration::from_millis(2);
 
 pub struct Procs {
-    /// Session ids (= leader pids) not yet swept.
-    sessions: BTreeSet<i32>,
+    /// Descendants of these are never swept (etcd).
+    spared: BTreeSet<i32>,
     /// Exit codes of processes a sweep reaped before anyone waited for them.
     reaped: HashMap<i32, i32>,
     /// Where each process's stderr goes: `LOGS/<name>.log`.
@@ -48,10 +49,15 @@ impl Procs {
         );
         fs::create_dir_all(&logs).expect("create the log dir");
         Procs {
-            sessions: BTreeSet::new(),
+            spared: BTreeSet::new(),
             reaped: HashMap::new(),
             logs,
         }
+    }
+
+    /// Keeps `pid` and its descendants out of every sweep.
+    pub fn spare(&mut self, pid: i32) {
+        self.spared.insert(pid);
     }
 
     pub fn log(&self, name: &str) -> File {
@@ -80,9 +86,7 @@ impl Procs {
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {argv:?}: {e}"));
-        let pid = child.id() as i32;
-        self.sessions.insert(pid);
-        pid
+        child.id() as i32
     }
 
     /// Runs `argv` to its end (spawned the cheapest way: posix_spawn, a process group of its own)
@@ -132,18 +136,22 @@ impl Procs {
         }
     }
 
-    /// SIGKILLs and reaps every process left in our sessions.
+    /// SIGKILLs and reaps every process left that descends from us (etcd's spared).
     pub fn sweep(&mut self) {
         let deadline = Instant::now() + SWEEP_BOUND;
         loop {
-            let live = self.live_in_sessions();
+            let table = proc_table();
+            let live: Vec<i32> = self
+                .ours(&table)
+                .filter(|p| p.state != 'Z')
+                .map(|p| p.pid)
+                .collect();
             for &pid in &live {
                 // SAFETY: kill takes a pid and a signal; the pid is one of our own descendants.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             self.reap_zombies();
             if live.is_empty() {
-                self.sessions.clear();
                 return;
             }
             assert!(
@@ -154,19 +162,32 @@ impl Procs {
         }
     }
 
-    /// Pids of our sessions that are not zombies.
-    fn live_in_sessions(&self) -> Vec<i32> {
-        proc_table()
-            .into_iter()
-            .filter(|p| self.sessions.contains(&p.sid) && p.state != 'Z' && p.pid != me())
-            .map(|p| p.pid)
-            .collect()
+    /// The processes of `table` that descend from us, not from a spared one, and are not us.
+    fn ours<'a>(&'a self, table: &'a [ProcStat]) -> impl Iterator<Item = &'a ProcStat> + 'a {
+        let parent: HashMap<i32, i32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
+        let descends = move |mut pid: i32| {
+            // a chain longer than this is not one the harness made
+            for _ in 0..64 {
+                if self.spared.contains(&pid) {
+                    return false;
+                }
+                match parent.get(&pid) {
+                    Some(&ppid) if ppid == me() => return true,
+                    Some(&ppid) if ppid > 1 => pid = ppid,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        table
+            .iter()
+            .filter(move |p| p.pid != me() && descends(p.pid))
     }
 
     /// Reaps every zombie whose parent we are (our children and the orphans we adopted).
     fn reap_zombies(&mut self) {
         for p in proc_table() {
-            if p.ppid == me() && p.state == 'Z' && self.sessions.contains(&p.sid) {
+            if p.ppid == me() && p.state == 'Z' && !self.spared.contains(&p.pid) {
                 if let Some(code) = reap(p.pid, libc::WNOHANG) {
                     self.reaped.insert(p.pid, code);
                 }
@@ -218,7 +239,6 @@ pub struct ProcStat {
     pub pid: i32,
     pub state: char,
     pub ppid: i32,
-    pub sid: i32,
 }
 
 fn proc_table() -> Vec<ProcStat> {
@@ -239,7 +259,6 @@ fn proc_stat(pid: i32) -> Option<ProcStat> {
         pid,
         state: rest.first()?.chars().next()?,
         ppid: rest.get(1)?.parse().ok()?,
-        sid: rest.get(3)?.parse().ok()?,
     })
 }
 
