@@ -6,7 +6,7 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -242,6 +242,14 @@ impl Bench {
         argv
     }
 
+    /// leasewrap's command line for lock `name` on the local backend in `dir`.
+    pub fn argv_local(&self, lock: &Lock, dir: &Path, child: &[OsString]) -> Vec<OsString> {
+        let mut argv = self.argv(Tool::Leasewrap, lock, child);
+        // the same command line, with --local-dir DIR instead of --endpoints ENDPOINT
+        argv.splice(1..3, os(&["--local-dir".as_ref(), dir.as_os_str()]));
+        argv
+    }
+
     pub fn scrape(&self) -> Scrape {
         Scrape::parse(&self.etcd.metrics())
     }
@@ -370,6 +378,30 @@ pub struct Pair {
     pub child: i32,
     /// When the holder's child started.
     pub started: Instant,
+}
+
+/// A FIFO a `cat` child reads: `release` ends that child (removed on drop).
+pub struct Fifo(pub PathBuf);
+
+impl Fifo {
+    pub fn new(path: PathBuf) -> Fifo {
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        Fifo(path)
+    }
+
+    /// Writes `line` (the child copies it to its stdout) and closes: the child sees EOF and exits.
+    /// Blocks until the child has the FIFO open.
+    pub fn release(&self, line: &[u8]) {
+        let open = std::fs::OpenOptions::new().write(true).open(&self.0);
+        let mut w = open.expect("open the fifo");
+        std::io::Write::write_all(&mut w, line).expect("write the fifo");
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
 }
 
 /// One lock as a figure uses it.

@@ -5,11 +5,10 @@
 //! - write to write: from the holder's child's last write to the waiter's child's first write
 //!   (IN_MODIFY on the files their stdout goes to).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs::{File, OpenOptions};
 use std::path::Path;
 
-use crate::bench::{os, Bench, Child, Lock, Tool, START_BOUND};
+use crate::bench::{os, Bench, Child, Fifo, Lock, Tool, START_BOUND};
 use crate::report::{Figure, Row};
 use crate::stats::{dist, median, ratio};
 
@@ -106,15 +105,14 @@ fn how(lw: &Series, ec: &Series, n: usize) -> String {
 }
 
 fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps {
-    let fifo = bench.path(&format!("fifo-{name}"));
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let fifo = Fifo::new(bench.path(&format!("fifo-{name}")));
     bench.events.reset();
     let log = format!("{}-handover", tool.name());
     let lock = Lock::new(name);
     let hold = bench.argv(
         tool,
         &lock,
-        &os(&[bench.child(Child::Hold).as_os_str(), fifo.as_os_str()]),
+        &os(&[bench.child(Child::Hold).as_os_str(), fifo.0.as_os_str()]),
     );
     let holder = bench
         .procs
@@ -130,7 +128,7 @@ fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps 
         .spawn(&next, &log, Some(append(&bench.path("next.out"))));
     bench.wait_queued(tool, 1, &[holder, waiter]);
     bench.events.watch_exit(child, EXIT);
-    release(&fifo);
+    fifo.release(b"x\n");
     let labels = [LAST_WRITE, EXIT, Child::Next.label(), FIRST_WRITE];
     let got = bench.events.wait_all(&labels, START_BOUND);
     assert_eq!(
@@ -145,7 +143,6 @@ fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps 
         series.together += 1;
     }
     bench.procs.finish(&[holder, waiter], START_BOUND, 0);
-    fs::remove_file(&fifo).expect("remove the fifo");
     bench.sweep();
     let ms = |a: &str, b: &str| got[b].duration_since(got[a]).as_secs_f64() * 1e3;
     Gaps {
@@ -154,15 +151,6 @@ fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps 
         write_to_exit: ms(LAST_WRITE, EXIT),
         exec_to_write: ms(Child::Next.label(), FIRST_WRITE),
     }
-}
-
-/// The holder's child (`cat FIFO`) copies one line to its stdout, then sees EOF and exits.
-fn release(fifo: &Path) {
-    let mut w = OpenOptions::new()
-        .write(true)
-        .open(fifo)
-        .expect("open the fifo");
-    w.write_all(b"x\n").expect("write the fifo");
 }
 
 fn append(path: &Path) -> File {

@@ -5,6 +5,7 @@
 //! fixed window that begins once every lease runs its child and has opened its keepalive stream
 //! (etcd counts the streams started); etcd's is utime + stime in ticks.
 
+use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -31,9 +32,21 @@ const STREAM_BOUND: Duration = Duration::from_secs(30);
 /// How often etcd's counters are read while the streams open.
 const SCRAPE_EVERY: Duration = Duration::from_millis(100);
 
+/// What the window measured.
+struct Window {
+    secs: f64,
+    /// CPU seconds of the leasewraps, and of their watchdogs.
+    leasewrap: f64,
+    watchdogs: f64,
+    threads: usize,
+    /// etcd's CPU seconds.
+    etcd: f64,
+    /// etcd's counters over the window.
+    counters: BTreeMap<String, f64>,
+}
+
 pub fn figure(bench: &mut Bench) -> Figure {
     let count = bench.sizes.leases;
-    let window = bench.sizes.window;
     bench.events.reset();
     let began = Instant::now();
     let opened = bench.scrape();
@@ -41,69 +54,81 @@ pub fn figure(bench: &mut Bench) -> Figure {
     wait_streams(bench, &opened, count);
     let startup = began.elapsed().as_secs_f64();
     let watchdogs = watchdogs(bench, &pids);
-    let watched: Vec<i32> = pids.iter().chain(&watchdogs).copied().collect();
-    let before_m = bench.scrape();
-    let before: Vec<_> = watched.iter().map(|&p| cpu_ns(p)).collect();
-    let etcd_pid = bench.etcd.pid().expect("etcd runs") as i32;
-    let etcd_before = cpu_ticks(etcd_pid);
-    let t0 = Instant::now();
-    thread::sleep(window); // the measuring window itself
-    let after: Vec<_> = watched.iter().map(|&p| cpu_ns(p)).collect();
-    let etcd_after = cpu_ticks(etcd_pid);
-    let secs = t0.elapsed().as_secs_f64();
-    let after_m = bench.scrape();
+    let w = measure(bench, &pids, &watchdogs);
     bench.sweep();
-    let mut cpu = [0.0f64; 2];
-    let mut threads = 0;
-    for (i, (a, b)) in before.iter().zip(&after).enumerate() {
-        let (Some((a, ta)), Some((b, tb))) = (a, b) else {
-            panic!("a leasewrap or watchdog ended during the window");
-        };
-        assert_eq!(
-            ta, tb,
-            "a thread came or went during the window: its time would be lost"
-        );
-        cpu[usize::from(i >= pids.len())] += (b - a) as f64 / 1e9;
-        threads += ta;
-    }
-    // SAFETY: sysconf takes a name and returns a number.
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let etcd_cpu = etcd_after
-        .zip(etcd_before)
-        .map_or(f64::NAN, |(b, a)| (b - a) as f64 / tick);
-    let per_lease = (cpu[0] + cpu[1]) / count as f64 / secs * 100.0;
+    let per_lease = (w.leasewrap + w.watchdogs) / count as f64 / w.secs * 100.0;
     let row = Row {
         leasewrap: format!(
-            "{per_lease:.4} % of a core (leasewrap {:.0} ms + watchdogs {:.0} ms of CPU over {secs:.1} s)",
-            cpu[0] * 1e3,
-            cpu[1] * 1e3
+            "{per_lease:.4} % of a core (leasewrap {:.0} ms + watchdogs {:.0} ms of CPU over {:.1} s)",
+            w.leasewrap * 1e3,
+            w.watchdogs * 1e3,
+            w.secs
         ),
-        baseline: format!("etcd: {:.1} % of a core", etcd_cpu / secs * 100.0),
+        baseline: format!("etcd: {:.1} % of a core", w.etcd / w.secs * 100.0),
         ..Row::new("many", format!("8. {count} leases held at once on one etcd: CPU per lease"))
             .set("per_lease_pct", Some(per_lease))
     };
     let how = format!(
         "{count} leases: starting them (batches of {BATCH}, each waiting for its children) took \
-         {startup:.1} s, until etcd had started a keepalive stream for each; leasewrap CPU is the run time in /proc/PID/task/TID/schedstat (ns), summed \
-         over all {} leasewrap and {} watchdog processes ({threads} threads), default TTL 10 s; \
-         etcd's is utime+stime from /proc/PID/stat (tick {:.0} ms).",
+         {startup:.1} s, until etcd had started a keepalive stream for each; leasewrap CPU is the \
+         run time in /proc/PID/task/TID/schedstat (ns), summed over all {} leasewrap and {} \
+         watchdog processes ({} threads), default TTL 10 s; etcd's is utime+stime from \
+         /proc/PID/stat (tick {:.0} ms).",
         pids.len(),
         watchdogs.len(),
-        1e3 / tick
+        w.threads,
+        1e3 / tick()
     );
-    let (renewal_row, renewal_note) = per_renewal(&after_m.counters_since(&before_m), count, secs);
+    let (renewal_row, renewal_note) = per_renewal(&w.counters, count, w.secs);
     Figure {
         rows: vec![row, renewal_row],
         notes: vec![how, renewal_note],
     }
 }
 
+/// CPU of `pids` and `watchdogs`, and etcd's CPU and counters, over `bench.sizes.window`.
+fn measure(bench: &Bench, pids: &[i32], watchdogs: &[i32]) -> Window {
+    let watched: Vec<i32> = pids.iter().chain(watchdogs).copied().collect();
+    let etcd = bench.etcd.pid().expect("etcd runs") as i32;
+    let counters = bench.scrape();
+    let before: Vec<_> = watched.iter().map(|&p| cpu_ns(p)).collect();
+    let etcd_before = cpu_ticks(etcd);
+    let t0 = Instant::now();
+    thread::sleep(bench.sizes.window); // the measuring window itself
+    let after: Vec<_> = watched.iter().map(|&p| cpu_ns(p)).collect();
+    let etcd_after = cpu_ticks(etcd);
+    let secs = t0.elapsed().as_secs_f64();
+    let counters = bench.scrape().counters_since(&counters);
+    let mut cpu = [0.0f64; 2];
+    let mut threads = 0;
+    for (i, (a, b)) in before.iter().zip(&after).enumerate() {
+        let (Some((a, ta)), Some((b, tb))) = (a, b) else {
+            panic!("a leasewrap or watchdog ended during the window");
+        };
+        let lost = "a thread came or went during the window: its time would be lost";
+        assert_eq!(ta, tb, "{lost}");
+        cpu[usize::from(i >= pids.len())] += (b - a) as f64 / 1e9;
+        threads += ta;
+    }
+    let etcd_ticks = etcd_after.zip(etcd_before).map(|(b, a)| b - a);
+    Window {
+        secs,
+        leasewrap: cpu[0],
+        watchdogs: cpu[1],
+        threads,
+        etcd: etcd_ticks.map_or(f64::NAN, |t| t as f64 / tick()),
+        counters,
+    }
+}
+
+/// Clock ticks per second of /proc/PID/stat.
+fn tick() -> f64 {
+    // SAFETY: sysconf takes a name and returns a number.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
 /// Requests per renewal: every counter's change over the window, per LeaseKeepAlive received.
-fn per_renewal(
-    delta: &std::collections::BTreeMap<String, f64>,
-    count: usize,
-    secs: f64,
-) -> (Row, String) {
+fn per_renewal(delta: &BTreeMap<String, f64>, count: usize, secs: f64) -> (Row, String) {
     let renewals = delta.get(KEEPALIVE).copied().unwrap_or(0.0);
     let requests: f64 = delta
         .iter()

@@ -45,63 +45,61 @@ impl Reading {
 pub fn figure(bench: &mut Bench) -> Figure {
     let mut r: [Vec<Reading>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for i in 0..bench.sizes.n_memory {
-        for (k, who) in [Who::Leasewrap, Who::Etcdctl, Who::LeasewrapLocal]
-            .into_iter()
-            .enumerate()
-        {
+        let all = [Who::Leasewrap, Who::Etcdctl, Who::LeasewrapLocal];
+        for (k, who) in all.into_iter().enumerate() {
             r[k].push(once(bench, who, &format!("rss{i}")));
         }
     }
-    let hwm = |rs: &[Reading]| rs.iter().map(Reading::hwm).collect::<Vec<_>>();
-    let pss = |rs: &[Reading]| rs.iter().map(Reading::pss).collect::<Vec<_>>();
     let [lw, ec, local] = &r;
     let mib_in_mb = (1u64 << 20) as f64 / 1e6;
-    let rss_row = Row {
-        leasewrap: dist(&hwm(lw), "MiB", 1),
-        baseline: format!("etcdctl lock: {}", dist(&hwm(ec), "MiB", 1)),
-        ..Row::new(
-            "rss",
-            "6. peak RSS (VmHWM), leasewrap + watchdog, etcd backend",
-        )
-        .with_ratio(ratio(median(&hwm(lw)), median(&hwm(ec))))
-        .set("median_mb", median(&hwm(lw)).map(|m| m * mib_in_mb))
+    let row = |id, title: &str, of: fn(&Reading) -> f64| {
+        let (a, b) = (of_all(lw, of), of_all(ec, of));
+        Row {
+            leasewrap: dist(&a, "MiB", 1),
+            baseline: format!("etcdctl lock: {}", dist(&b, "MiB", 1)),
+            ..Row::new(id, title).with_ratio(ratio(median(&a), median(&b)))
+        }
     };
-    let pss_row = Row {
-        leasewrap: dist(&pss(lw), "MiB", 1),
-        baseline: format!("etcdctl lock: {}", dist(&pss(ec), "MiB", 1)),
-        ..Row::new(
-            "pss",
-            "6. PSS (smaps_rollup), leasewrap + watchdog, etcd backend",
-        )
-        .with_ratio(ratio(median(&pss(lw)), median(&pss(ec))))
-    };
-    let split: Vec<String> = lw
-        .iter()
-        .map(|r| {
-            format!(
-                "({})",
-                r.hwm
-                    .iter()
-                    .map(|x| format!("{x:.1}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-        .collect();
-    let note = format!(
-        "Peak RSS split (leasewrap, watchdog) in MiB: {}; local backend, leasewrap + watchdog: \
-         VmHWM {}, PSS {}. VmHWM counts the pages of the binary and of libc in both processes; PSS \
-         (Pss of /proc/PID/smaps_rollup, summed, read at the same instant) counts each shared page \
-         once, split between the processes that map it. Read with TTL {TTL} s once the holder had \
-         renewed (etcd) or its child had started (local).",
-        split.join(", "),
-        dist(&hwm(local), "MiB", 1),
-        dist(&pss(local), "MiB", 1)
+    let rss = row(
+        "rss",
+        "6. peak RSS (VmHWM), leasewrap + watchdog, etcd backend",
+        Reading::hwm,
+    );
+    let median_mb = median(&of_all(lw, Reading::hwm)).map(|m| m * mib_in_mb);
+    let pss = row(
+        "pss",
+        "6. PSS (smaps_rollup), leasewrap + watchdog, etcd backend",
+        Reading::pss,
     );
     Figure {
-        rows: vec![rss_row, pss_row],
-        notes: vec![note],
+        rows: vec![rss.set("median_mb", median_mb), pss],
+        notes: vec![note(lw, local)],
     }
+}
+
+fn of_all(readings: &[Reading], of: fn(&Reading) -> f64) -> Vec<f64> {
+    readings.iter().map(of).collect()
+}
+
+fn note(lw: &[Reading], local: &[Reading]) -> String {
+    let pairs = |of: fn(&Reading) -> &Vec<f64>| {
+        let each = lw.iter().map(|r| {
+            let parts: Vec<String> = of(r).iter().map(|x| format!("{x:.1}")).collect();
+            format!("({})", parts.join(", "))
+        });
+        each.collect::<Vec<_>>().join(", ")
+    };
+    format!(
+        "Split (leasewrap, watchdog) in MiB, VmHWM: {}; PSS: {}. Local backend, leasewrap + \
+         watchdog: VmHWM {}, PSS {}. VmHWM counts the pages of the binary and of libc in both \
+         processes; PSS (Pss of /proc/PID/smaps_rollup, summed, read at the same instant) counts \
+         each shared page once, split between the processes that map it. Read with TTL {TTL} s \
+         once the holder had renewed (etcd) or its child had started (local).",
+        pairs(|r| &r.hwm),
+        pairs(|r| &r.pss),
+        dist(&of_all(local, Reading::hwm), "MiB", 1),
+        dist(&of_all(local, Reading::pss), "MiB", 1)
+    )
 }
 
 fn once(bench: &mut Bench, who: Who, name: &str) -> Reading {
@@ -112,12 +110,7 @@ fn once(bench: &mut Bench, who: Who, name: &str) -> Reading {
     let argv = match who {
         Who::Leasewrap => bench.argv(Tool::Leasewrap, &lock, &child),
         Who::Etcdctl => bench.argv(Tool::Etcdctl, &lock, &child),
-        Who::LeasewrapLocal => {
-            let dir = bench.path("local-rss");
-            let mut argv = bench.argv(Tool::Leasewrap, &lock, &child);
-            argv.splice(1..3, os(&["--local-dir".as_ref(), dir.as_os_str()]));
-            argv
-        }
+        Who::LeasewrapLocal => bench.argv_local(&lock, &bench.path("local-rss"), &child),
     };
     let pid = bench.procs.spawn(&argv, "memory", None);
     let (started, child) = bench.started(Child::Sleep, &[pid]);

@@ -6,12 +6,9 @@
 //! (the new holder watches its own key, every waiter the key ahead, none unsynced).
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::bench::{os, Bench, Child, Lock, Tool, START_BOUND};
+use crate::bench::{os, Bench, Child, Fifo, Lock, Tool, START_BOUND};
 use crate::report::{Figure, Row};
 use crate::stats::{ratio, Summary};
 
@@ -99,13 +96,12 @@ fn counters(s: &Chain, b: &Chain, small: usize, big: usize) -> String {
 
 fn chain(bench: &mut Bench, waiters: usize) -> Chain {
     let name = format!("chain{waiters}");
-    let fifo = bench.path(&format!("fifo-{name}"));
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let fifo = Fifo::new(bench.path(&format!("fifo-{name}")));
     bench.events.reset();
     let argv = bench.argv(
         Tool::Leasewrap,
         &Lock::new(name.as_str()),
-        &os(&[bench.child(Child::Chain).as_os_str(), fifo.as_os_str()]),
+        &os(&[bench.child(Child::Chain).as_os_str(), fifo.0.as_os_str()]),
     );
     let first = bench.procs.spawn(&argv, "chain", None);
     bench.started(Child::Chain, &[first]);
@@ -119,33 +115,14 @@ fn chain(bench: &mut Bench, waiters: usize) -> Chain {
     let began = Instant::now();
     let mut handovers_ms = Vec::new();
     let mut together = 0;
-    for k in 0..waiters {
-        let holder_child = bench.only_runner(Child::Chain);
-        bench.events.watch_exit(holder_child, EXIT);
-        release(&fifo);
-        let got = bench
-            .events
-            .wait_all(&[EXIT, Child::Chain.label()], START_BOUND);
-        assert_eq!(
-            got.len(),
-            2,
-            "chain handover {k}: saw only {:?}",
-            got.keys()
-        );
-        handovers_ms.push(
-            got[Child::Chain.label()]
-                .duration_since(got[EXIT])
-                .as_secs_f64()
-                * 1e3,
-        );
-        together += usize::from(bench.events.together(EXIT, Child::Chain.label()));
-        bench.wait_steady(waiters - k - 1);
+    for left in (0..waiters).rev() {
+        handovers_ms.push(hand_on(bench, &fifo, &mut together));
+        bench.wait_steady(left);
     }
     let seconds = began.elapsed().as_secs_f64();
     let after = bench.scrape();
-    release(&fifo);
+    fifo.release(b"");
     bench.procs.finish(&pids, Duration::from_secs(30), 0);
-    fs::remove_file(&fifo).expect("remove the fifo");
     bench.sweep();
     let per_handover = after
         .counters_since(&before)
@@ -160,11 +137,16 @@ fn chain(bench: &mut Bench, waiters: usize) -> Chain {
     }
 }
 
-/// EOF for the holder's child (`cat FIFO`); blocks until it has the FIFO open.
-fn release(fifo: &Path) {
-    let mut w = OpenOptions::new()
-        .write(true)
-        .open(fifo)
-        .expect("open the fifo");
-    w.flush().expect("flush the fifo");
+/// Ends the holder's child and times the handover to the next, in ms.
+fn hand_on(bench: &mut Bench, fifo: &Fifo, together: &mut usize) -> f64 {
+    let holder_child = bench.only_runner(Child::Chain);
+    bench.events.watch_exit(holder_child, EXIT);
+    fifo.release(b"");
+    let got = bench
+        .events
+        .wait_all(&[EXIT, Child::Chain.label()], START_BOUND);
+    assert_eq!(got.len(), 2, "chain handover: saw only {:?}", got.keys());
+    *together += usize::from(bench.events.together(EXIT, Child::Chain.label()));
+    let next = got[Child::Chain.label()];
+    next.duration_since(got[EXIT]).as_secs_f64() * 1e3
 }

@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::time::Instant;
 
 use crate::bench::{os, Bench, Lock, Tool, FLOCK};
@@ -108,7 +109,7 @@ pub fn local(bench: &mut Bench) -> Figure {
     }
 }
 
-fn fsync_cost(dir: &std::path::Path) -> Vec<f64> {
+fn fsync_cost(dir: &Path) -> Vec<f64> {
     let path = dir.join("fsync-probe");
     let file = OpenOptions::new()
         .create(true)
@@ -150,56 +151,52 @@ pub fn once(bench: &mut Bench) -> Figure {
     }
     let dir = bench.path("once-local");
     std::fs::create_dir_all(&dir).expect("create the local dir");
-    let mut rows = Vec::new();
-    for (backend, local) in [("etcd", false), ("local backend", true)] {
-        let argv = |once: bool| {
-            let mut lock = Lock::new(if once { "once" } else { "plain" });
-            lock.extra = if once {
-                os(&["--once", "KEY"])
-            } else {
-                Vec::new()
-            };
-            let mut argv = bench.argv(Tool::Leasewrap, &lock, &os(&["true"]));
-            if local {
-                // the same command line, with --local-dir instead of --endpoints ENDPOINT
-                argv.splice(1..3, os(&["--local-dir".as_ref(), dir.as_os_str()]));
-            }
-            argv
-        };
-        let (once, plain) = (argv(true), argv(false));
-        let key_at = once
-            .iter()
-            .position(|a| a == "KEY")
-            .expect("the KEY argument");
-        let runs: Vec<Run> = vec![
-            (
-                "once",
-                Box::new(|i| {
-                    let mut argv = once.clone();
-                    argv[key_at] = format!("run-{i}").into();
-                    argv
-                }),
-            ),
-            ("plain", Box::new(|_| plain.clone())),
-        ];
-        let r = alternate(bench, &runs, bench.sizes.n);
-        let (a, b) = (median(&r[0]), median(&r[1]));
-        let row = Row::new(
-            "once",
-            format!("9. `--once KEY -- true` against plain `-- true`, {backend}"),
-        );
-        rows.push(Row {
-            leasewrap: dist(&r[0], "ms", 2),
-            baseline: format!(
-                "leasewrap without `--once`: {}; difference of medians {:.2} ms",
-                dist(&r[1], "ms", 2),
-                a.zip(b).map_or(f64::NAN, |(a, b)| a - b)
-            ),
-            ..row.with_ratio(stats::ratio(a, b))
-        });
-    }
+    let rows = vec![
+        once_row(bench, "etcd", None),
+        once_row(bench, "local backend", Some(&dir)),
+    ];
     Figure {
         rows,
         notes: vec!["`--once`: each run gets a new KEY (`--once run-N`), so every run takes the lease, runs `true` and records its success.".into()],
+    }
+}
+
+/// `--once run-N -- true` against `-- true`, on etcd or (with `local_dir`) the local backend.
+fn once_row(bench: &mut Bench, backend: &str, local_dir: Option<&Path>) -> Row {
+    let argv = |once: bool| {
+        let mut lock = Lock::new(if once { "once" } else { "plain" });
+        if once {
+            lock.extra = os(&["--once", "KEY"]);
+        }
+        match local_dir {
+            Some(dir) => bench.argv_local(&lock, dir, &os(&["true"])),
+            None => bench.argv(Tool::Leasewrap, &lock, &os(&["true"])),
+        }
+    };
+    let (once, plain) = (argv(true), argv(false));
+    let key_at = once
+        .iter()
+        .position(|a| a == "KEY")
+        .expect("the KEY argument");
+    let with_key = |i: usize| {
+        let mut argv = once.clone();
+        argv[key_at] = format!("run-{i}").into();
+        argv
+    };
+    let runs: Vec<Run> = vec![
+        ("once", Box::new(with_key)),
+        ("plain", Box::new(|_| plain.clone())),
+    ];
+    let r = alternate(bench, &runs, bench.sizes.n);
+    let (a, b) = (median(&r[0]), median(&r[1]));
+    let title = format!("9. `--once KEY -- true` against plain `-- true`, {backend}");
+    Row {
+        leasewrap: dist(&r[0], "ms", 2),
+        baseline: format!(
+            "leasewrap without `--once`: {}; difference of medians {:.2} ms",
+            dist(&r[1], "ms", 2),
+            a.zip(b).map_or(f64::NAN, |(a, b)| a - b)
+        ),
+        ..Row::new("once", title).with_ratio(stats::ratio(a, b))
     }
 }
