@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -207,6 +208,14 @@ impl Bench {
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.tmp.path().join(name)
+    }
+
+    /// A fresh `--local-dir` (0700 whatever the umask: leasewrap refuses one others can write).
+    pub fn local_dir(&self, name: &str) -> PathBuf {
+        let dir = self.path(name);
+        let made = fs::DirBuilder::new().mode(0o700).create(&dir);
+        made.unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        dir
     }
 
     /// `tool`'s command line for lock `name` on `endpoint` (etcd itself when None), running `child`.

@@ -43,6 +43,7 @@ impl Reading {
 }
 
 pub fn figure(bench: &mut Bench) -> Figure {
+    bench.local_dir("local-rss");
     let mut r: [Vec<Reading>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for i in 0..bench.sizes.n_memory {
         let all = [Who::Leasewrap, Who::Etcdctl, Who::LeasewrapLocal];

@@ -72,8 +72,7 @@ pub fn on_etcd(bench: &mut Bench) -> Figure {
 
 /// Figure 2: `-- true` on the local backend against `flock(1)` on the same lock file.
 pub fn local(bench: &mut Bench) -> Figure {
-    let dir = bench.path("local");
-    std::fs::create_dir_all(&dir).expect("create the local dir");
+    let dir = bench.local_dir("local");
     let lw = vec![
         bench.lw.clone().into(),
         "--local-dir".into(),
@@ -155,8 +154,7 @@ pub fn once(bench: &mut Bench) -> Figure {
             notes: Vec::new(),
         };
     }
-    let dir = bench.path("once-local");
-    std::fs::create_dir_all(&dir).expect("create the local dir");
+    let dir = bench.local_dir("once-local");
     let rows = vec![
         once_row(bench, "etcd", None),
         once_row(bench, "local backend", Some(&dir)),
