@@ -61,11 +61,41 @@ fn escape(v: &str) -> String {
         .replace('\n', r"\n")
 }
 
+/// The series that describe the last invocation: name, help, and its value (none: left out).
+type Series = (&'static str, &'static str, fn(&Sample) -> Option<f64>);
+
+const LAST: [Series; 5] = [
+    (
+        "last_start_timestamp_seconds",
+        "When this host's last invocation started, in Unix time.",
+        |s| Some(s.start),
+    ),
+    (
+        "last_end_timestamp_seconds",
+        "When this host's last invocation ended, in Unix time.",
+        |s| Some(s.end),
+    ),
+    (
+        "last_duration_seconds",
+        "How long the child of the last invocation ran (0 when none was started).",
+        |s| Some(s.duration),
+    ),
+    (
+        "last_exit_status",
+        "The exit status of the last child (128+n for signal n).",
+        |s| s.exit_status.map(f64::from),
+    ),
+    (
+        "last_fencing_token",
+        "The fencing token the last invocation held.",
+        |s| s.token.map(|t| t as f64),
+    ),
+];
+
 /// The file's text for `s`.
 pub fn render(s: &Sample) -> String {
     let mut out = String::new();
     let mut f = Family { out: &mut out };
-    let name = [("name", s.name)];
     f.head(
         "outcome",
         "How this host's last invocation ended: 1 for its outcome, 0 for the others.",
@@ -74,39 +104,10 @@ pub fn render(s: &Sample) -> String {
         let v = if o == s.outcome { 1.0 } else { 0.0 };
         f.sample("outcome", &[("name", s.name), ("outcome", o.as_str())], v);
     }
-    f.one(
-        "last_start_timestamp_seconds",
-        "When this host's last invocation started, in Unix time.",
-        &name,
-        s.start,
-    );
-    f.one(
-        "last_end_timestamp_seconds",
-        "When this host's last invocation ended, in Unix time.",
-        &name,
-        s.end,
-    );
-    f.one(
-        "last_duration_seconds",
-        "How long the child of the last invocation ran (0 when none was started).",
-        &name,
-        s.duration,
-    );
-    if let Some(code) = s.exit_status {
-        f.one(
-            "last_exit_status",
-            "The exit status of the last child (128+n for signal n).",
-            &name,
-            code.into(),
-        );
-    }
-    if let Some(token) = s.token {
-        f.one(
-            "last_fencing_token",
-            "The fencing token the last invocation held.",
-            &name,
-            token as f64,
-        );
+    for (metric, help, value) in LAST {
+        if let Some(v) = value(s) {
+            f.one(metric, help, &[("name", s.name)], v);
+        }
     }
     if let Some((key, record)) = s.once {
         once(&mut f, s.name, key, record);
