@@ -427,6 +427,31 @@ fn bad_once_input_exits_64_with_one_line_and_acquires_nothing(on: On) {
     assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
 }
 
+#[test]
+fn a_metrics_file_in_a_folder_the_user_cannot_write_exits_64_and_runs_nothing() {
+    let other = crate::support::user::other();
+    let sb = Sandbox::new();
+    let theirs = sb.path("theirs");
+    fs::create_dir(&theirs).unwrap();
+    other.owns(&theirs);
+    // The sandbox itself is root's (0755): the second user may enter it, not write in it.
+    crate::support::user::chmod(&sb.path(""), 0o755);
+    let prom = sb.path("job.prom");
+    let ran = theirs.join("ran");
+    let out = Leasewrap::new()
+        .run_as(other)
+        .local_dir(&theirs)
+        .name("job")
+        .args(&["--metrics-file", prom.to_str().unwrap()])
+        .cmd(&["touch", ran.to_str().unwrap()])
+        .output();
+    assert_exit(&out, 64);
+    assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("cannot write in"), "{}", out.stderr);
+    assert!(!ran.exists());
+    assert!(!theirs.join("job.lock").exists(), "nothing was acquired");
+}
+
 fn a_foreign_record_exits_78_and_runs_nothing(on: On) {
     let fleet = Fleet::new(on, "foreign");
     fleet.plant_record("k", "done\n");
