@@ -22,16 +22,18 @@ pub fn record_path(dir: &Path, name: &str, key: &str) -> PathBuf {
     name_dir(dir, name).join(format!("{key}.json"))
 }
 
-/// The record of (`name`, `key`), none before its first run. A file that is not such a record is
-/// a configuration error (78): it is never taken for "done" nor overwritten.
+/// The record of (`name`, `key`), none before its first run or once its keep time has passed
+/// (as etcd's lease would have removed it). A file that is not such a record is a configuration
+/// error (78): it is never taken for "done" nor overwritten.
 pub fn read(dir: &Path, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
     let path = record_path(dir, name, key);
     let bytes = file::read_nofollow(&path)
         .map_err(|e| Error::Config(format!("run record {}: {e}", path.display())))?;
-    bytes
+    let record = bytes
         .map(|b| RunRecord::parse(&b, name, key))
         .transpose()
-        .map_err(|why| foreign(&path, &why))
+        .map_err(|why| foreign(&path, &why))?;
+    Ok(record.filter(|r| !r.expired(SystemTime::now())))
 }
 
 fn foreign(path: &Path, why: &str) -> Error {
@@ -102,6 +104,9 @@ pub fn list(dir: &Path, name: &str) -> Vec<Result<RunRecord, String>> {
             Ok(None) => continue,
             Err(e) => Err(e.to_string()),
         };
+        if parsed.as_ref().is_ok_and(|r| r.expired(SystemTime::now())) {
+            continue;
+        }
         out.push(parsed.map_err(|why| format!("{} {why}", path.display())));
     }
     out

@@ -56,7 +56,7 @@ pub const MAN_SECTION: &[(&str, &str)] = &[
     ),
     (
         "records",
-        "On etcd, PREFIX/runs/NAME/KEY: the segment after the prefix is empty, a name no lease can have, so a record is never under a lock's queue prefix PREFIX NAME/ (any key there would take part in the mutex). With --prefix '' that is /runs/NAME/KEY, which etcdctl lock touches only for a lock name starting with /runs/. Each record has a lease of its own, of TTL --keep (default 7d): etcd deletes it then, and a leader change restarts the count, as for every etcd lease. On the local backend, DIR/runs/NAME/KEY.json, opened without following symlinks; its modification time is its expiry, and each write removes the records of NAME whose time has passed. A value there that is not a leasewrap run record is reported with status 78 and never taken for done.",
+        "On etcd, PREFIX/runs/NAME/KEY: the segment after the prefix is empty, a name no lease can have, so a record is never under a lock's queue prefix PREFIX NAME/ (any key there would take part in the mutex). With --prefix '' that is /runs/NAME/KEY, which etcdctl lock touches only for a lock name starting with /runs/. Each record has a lease of its own, of TTL --keep (default 7d): etcd deletes it then, and a leader change restarts the count, as for every etcd lease. On the local backend, DIR/runs/NAME/KEY.json, opened without following symlinks; its modification time is its expiry: past it the record counts as gone, and the next write removes it. A value there that is not a leasewrap run record is reported with status 78 and never taken for done.",
     ),
     (
         "--max-runtime DUR",

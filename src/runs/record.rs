@@ -165,6 +165,11 @@ impl RunRecord {
         serde_json::to_vec(self).expect("a run record always serializes")
     }
 
+    /// Whether its keep time has passed at `now`: then it counts as gone.
+    pub fn expired(&self, now: SystemTime) -> bool {
+        unix_seconds(now) > self.keep_until
+    }
+
     /// When the child ran, in seconds.
     pub fn duration(&self) -> f64 {
         (self.end - self.start).max(0.0)

@@ -53,6 +53,7 @@ on_every_backend!(
     after_the_holder_is_sigkilled_a_waiter_runs_key_and_the_dead_run_records_nothing,
     max_attempts_2_gives_up_after_two_failed_runs,
     max_runtime_stops_a_tree_that_ignores_sigterm_and_forks_a_daemon,
+    a_record_is_gone_after_keep_and_key_runs_again,
     bad_once_input_exits_64_with_one_line_and_acquires_nothing,
     a_foreign_record_exits_78_and_runs_nothing,
 );
@@ -394,6 +395,41 @@ fn max_runtime_stops_a_tree_that_ignores_sigterm_and_forks_a_daemon(on: On) {
     assert!(run.stderr().contains("--max-runtime"), "{}", run.stderr());
     assert_eq!(fleet.record("k").unwrap()["outcome"], "timed-out");
     fleet.assert_lease_free();
+}
+
+fn a_record_is_gone_after_keep_and_key_runs_again(on: On) {
+    let fleet = Fleet::new(on, "keep");
+    let args = ["--once", "k", "--keep", "2s"];
+    assert_exit(
+        &fleet.lw().args(&args).cmd(&fleet.job("first", 0)).output(),
+        0,
+    );
+    assert_exit(
+        &fleet
+            .lw()
+            .args(&args)
+            .cmd(&fleet.job("skipped", 0))
+            .output(),
+        75,
+    );
+    if let On::Etcd(v) = fleet.on {
+        let at = format!("{}/runs/keep/k", fleet.prefix);
+        let json = etcd::shared(v).etcdctl_ok(&["get", "-w", "json", &at]);
+        let kv: Value = serde_json::from_str(&json).unwrap();
+        assert_ne!(
+            kv["kvs"][0]["lease"], 0,
+            "the record has a lease of its own: {json}"
+        );
+    }
+    // Expiry is the scenario: wait for it, bounded, by asking status.
+    wait_until(Duration::from_secs(10), "the record to expire", || {
+        fleet.status(&["--once", "k"]).status.code() == Some(1)
+    });
+    assert_exit(
+        &fleet.lw().args(&args).cmd(&fleet.job("again", 0)).output(),
+        0,
+    );
+    assert_eq!(fleet.runs(), ["first", "again"]);
 }
 
 fn bad_once_input_exits_64_with_one_line_and_acquires_nothing(on: On) {
