@@ -131,6 +131,8 @@ pub struct Supervisor {
     child: Option<Pid>,
     /// COMMAND as the user wrote it, to name it when it cannot be executed.
     command: OsString,
+    /// The signal that starts an orderly stop, for when leasewrap must send it itself.
+    stop_signal: Signal,
     /// When to look whether the watchdog can still do its work.
     oversight: oversight::Oversight,
 }
@@ -178,6 +180,7 @@ impl Supervisor {
             watchdog,
             child: None,
             command: spec.argv[0].clone(),
+            stop_signal: spec.stop_signal,
             oversight: oversight::Oversight::default(),
         })
     }
@@ -282,7 +285,9 @@ impl Supervisor {
     }
 
     /// A moment at which the watchdog must act (see [`oversight`]): if it is stopped, it cannot,
-    /// so leasewrap kills it, which SIGKILLs the child (PR_SET_PDEATHSIG), and sweeps the rest.
+    /// so leasewrap does as it would. Before the kill time, the stop signal to the child's group
+    /// (whose pid the stopped watchdog keeps from being reused); from it on, SIGKILL to the
+    /// watchdog, which SIGKILLs the child (PR_SET_PDEATHSIG), and a sweep of the rest.
     fn look_at_the_watchdog(&mut self, at: Option<BootInstant>) -> Option<Event> {
         if let Some(at) = at {
             self.oversight.checked(at);
@@ -290,8 +295,18 @@ impl Supervisor {
         if !oversight::is_stopped(self.watchdog.id()) {
             return None;
         }
+        let now = BootInstant::now();
+        if !self.oversight.kill_due(now) {
+            let forwarded = self.oversight.forwarded().map(Signal::try_from);
+            let sig = forwarded.and_then(Result::ok).unwrap_or(self.stop_signal);
+            tracing::error!(signal = %sig, "the watchdog is stopped: sending the stop signal to the child's process group");
+            if let Some(child) = self.child {
+                let _ = nix::sys::signal::killpg(child, sig);
+            }
+            return None;
+        }
         tracing::error!("the watchdog is stopped and cannot stop the child: killing it, and the child's whole tree with it");
-        let deadline_passed = self.oversight.past_stop_time(BootInstant::now());
+        let deadline_passed = self.oversight.past_stop_time(now);
         self.watchdog_died();
         Some(Event::WatchdogStopped { deadline_passed })
     }

@@ -1,8 +1,9 @@
 //! leasewrap's check on its watchdog. The watchdog enforces every deadline on its own, so that
 //! a stopped leasewrap still loses its child on time; the reverse case is this module's: a
-//! watchdog stopped on its own (SIGSTOP to its pid, a tracer) cannot stop the child, so at each
-//! moment it must act, leasewrap looks whether it can. Those moments are the stop time and `D`
-//! of the last deadline it was given, and a stop asked for (at once, and kill-after later).
+//! watchdog stopped on its own (SIGSTOP to its pid) cannot stop the child, so at each moment it
+//! must act, leasewrap looks whether it can. Those moments are the stop time and `D` of the last
+//! deadline it was given, and a stop asked for (at once, and kill-after later). Before the kill
+//! time leasewrap sends the stop signal to the child's group itself; from it on, it kills.
 //!
 //! The rule is pure (instants in, the next instant to look out); only [`is_stopped`] reads /proc.
 
@@ -21,6 +22,8 @@ pub struct Oversight {
     deadline: Option<BootInstant>,
     /// When a stop (a lost lease, a signal, --max-runtime) was first asked for.
     stop_asked: Option<BootInstant>,
+    /// The signal forwarded by the first stop asked for, if that was a forward.
+    forwarded: Option<i32>,
     /// Every moment up to this one has been looked at.
     checked: Option<BootInstant>,
 }
@@ -37,8 +40,10 @@ impl Oversight {
     pub fn sent(&mut self, msg: ToWatchdog, now: BootInstant) {
         match msg {
             ToWatchdog::Deadline(d) if self.stop_asked.is_none() => self.deadline = d,
-            ToWatchdog::Stop | ToWatchdog::Forward(_) => {
-                self.stop_asked.get_or_insert(now);
+            ToWatchdog::Stop if self.stop_asked.is_none() => self.stop_asked = Some(now),
+            ToWatchdog::Forward(sig) if self.stop_asked.is_none() => {
+                self.stop_asked = Some(now);
+                self.forwarded = Some(sig);
             }
             _ => {}
         }
@@ -55,6 +60,22 @@ impl Oversight {
             .min()
     }
 
+    /// The signal forwarded by the first stop asked for, if a forward asked for it; the
+    /// configured stop signal stops the child in order otherwise.
+    pub fn forwarded(&self) -> Option<i32> {
+        self.forwarded
+    }
+
+    /// Whether SIGKILL is due at `now`: `D` has come, or kill-after has passed since a stop
+    /// was asked for.
+    pub fn kill_due(&self, now: BootInstant) -> bool {
+        let kill = self.stop_asked.map(|s| s + self.kill_after);
+        [self.deadline, kill]
+            .into_iter()
+            .flatten()
+            .any(|t| now >= t)
+    }
+
     /// Whether the stop time of the last deadline has come at `now`: the lease is then as good
     /// as lost, whatever else was asked.
     pub fn past_stop_time(&self, now: BootInstant) -> bool {
@@ -68,8 +89,9 @@ impl Oversight {
     }
 }
 
-/// Whether `pid` is stopped (by a signal or a tracer), from /proc/PID/stat; the command name
-/// may hold spaces and parentheses, so the state is read after the last ')'.
+/// Whether `pid` is stopped by a signal, from /proc/PID/stat (a tracer's stop, 't', comes and
+/// goes with every traced system call: `strace -f` must not look like a stopped watchdog). The
+/// command name may hold spaces and parentheses, so the state is read after the last ')'.
 pub fn is_stopped(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
@@ -77,7 +99,7 @@ pub fn is_stopped(pid: u32) -> bool {
     let state = stat
         .rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next());
-    matches!(state, Some("T" | "t"))
+    state == Some("T")
 }
 
 #[cfg(test)]
@@ -127,6 +149,19 @@ mod tests {
         o.started(Duration::from_millis(400), None);
         o.sent(ToWatchdog::Forward(15), at(500));
         assert_eq!(checks(o), [at(500), at(900)]);
+    }
+
+    #[test]
+    fn sigkill_is_due_at_d_or_kill_after_a_stop_asked_for() {
+        let mut o = Oversight::default();
+        o.started(Duration::from_millis(400), Some(at(2_000)));
+        assert!(!o.kill_due(at(1_999)));
+        assert!(o.kill_due(at(2_000)));
+        o.sent(ToWatchdog::Forward(2), at(100));
+        o.sent(ToWatchdog::Forward(15), at(200));
+        assert_eq!(o.forwarded(), Some(2));
+        assert!(!o.kill_due(at(499)));
+        assert!(o.kill_due(at(500)));
     }
 
     #[test]

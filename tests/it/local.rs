@@ -553,6 +553,36 @@ fn sigterm_to_leasewrap_while_the_watchdog_is_stopped_still_stops_the_whole_tree
     );
 }
 
+#[test]
+fn the_stop_signal_reaches_the_child_while_the_watchdog_is_stopped() {
+    // leasewrap, standing in for a stopped watchdog, stops the child in order first.
+    let sb = Sandbox::new();
+    let (pid_file, got) = (sb.path("child.pid"), sb.path("got-term"));
+    let script = format!(
+        "trap 'echo TERM > {}; exit 0' TERM; {}; while :; do sleep 0.01; done",
+        q(&got),
+        atomically("echo $$", &pid_file)
+    );
+    let mut lw = sb
+        .leasewrap()
+        .name("orderly")
+        .cmd(&["sh", "-c", &script])
+        .spawn();
+    let child = read_pid(&pid_file, STARTUP);
+    let _guard = KillOnDrop(vec![child]);
+    let watchdog = Pid::from_raw(ppid_of(child).expect("the child's parent"));
+    let _resume = ContinueGroupOnDrop(watchdog);
+    signal::kill(watchdog, Signal::SIGSTOP).expect("SIGSTOP the watchdog");
+    wait_until(STARTUP, "the watchdog to stop", || {
+        is_stopped(watchdog.as_raw())
+    });
+    lw.kill(Signal::SIGTERM);
+    wait_for_file(&got, STARTUP);
+    lw.wait_timeout(STARTUP);
+    assert_exit(&lw, 125);
+    assert!(!pid_alive(child), "the child outlived leasewrap");
+}
+
 /// SIGCONTs a process group on drop, so that a failed test leaves nothing stopped.
 struct ContinueGroupOnDrop(Pid);
 
