@@ -20,7 +20,7 @@ otherwise with a lock file on this host. The lease is renewed against a monotoni
 when each renewal was sent; the child gets a fencing token in LEASEWRAP_FENCING_TOKEN, and its whole \
 process tree is stopped before the lease can lapse. Everything after -- belongs to COMMAND, which is \
 run directly, never through a shell unless -c is given.",
-    after_help = "Exit status: the child's own, or 75 when the lease is held, 124 when it was lost; see the man page.",
+    after_help = "Exit status: the child's own, or 75 when the lease is held (or with --once, KEY is done), 124 when it was lost, 123 after --max-runtime; see the man page.",
     args_conflicts_with_subcommands = true,
     disable_help_subcommand = true,
     allow_negative_numbers = true,
