@@ -56,7 +56,7 @@ use clap::Parser;
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
 
 use crate::config::{process_env, Config};
-use crate::error::{signal_status, ExitCodes};
+use crate::error::ExitCodes;
 use crate::supervise::Exit;
 
 /// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
@@ -200,7 +200,7 @@ impl Exit {
             Exit::Code(c) => ExitCode::from(c),
             Exit::Signal(sig) => {
                 reraise(sig);
-                ExitCode::from(signal_status(sig as i32))
+                ExitCode::from(self.status())
             }
         }
     }

@@ -206,8 +206,7 @@ fn outcome_of(ended: &Result<Exit, Error>) -> Outcome {
 /// The child's status as a shell shows it (128+n for signal n); none when it is not known.
 fn status_of(ended: &Result<Exit, Error>) -> Option<i32> {
     match ended {
-        Ok(Exit::Code(c)) => Some((*c).into()),
-        Ok(Exit::Signal(s)) => Some(128 + *s as i32),
+        Ok(exit) => Some(exit.status().into()),
         Err(_) => None,
     }
 }

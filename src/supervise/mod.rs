@@ -80,6 +80,14 @@ pub enum Exit {
 }
 
 impl Exit {
+    /// The status a shell shows for this end: N, or 128+n for signal n.
+    pub fn status(self) -> u8 {
+        match self {
+            Exit::Code(c) => c,
+            Exit::Signal(sig) => crate::error::signal_status(sig as i32),
+        }
+    }
+
     /// The end a raw wait status (as waitpid(2) fills it in) describes.
     pub fn from_wait_status(status: i32) -> Exit {
         if !libc::WIFSIGNALED(status) {
