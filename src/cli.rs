@@ -293,6 +293,18 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
         "They never reach the child's environment and leave leasewrap's own once read. leasewrap and the watchdog are not dumpable (PR_SET_DUMPABLE 0): no other process of the same user, the child included, can read their /proc/PID/environ or trace them. A warning comes for --user NAME:PASSWORD on the command line (world-readable in /proc/PID/cmdline) and for a password file group or others may read.",
     ),
     (
+        "State directory",
+        "--local-dir belongs to one user: it must be owned by that user or root and be writable by nobody else, and it is refused (78) otherwise, even by root. Lock and token files are opened in it without following links or waiting on FIFOs, and used only when they are a regular file of that user with one link; a token file must hold one decimal token, is read no further than 32 bytes and is never echoed. A unit given User= needs a StateDirectory= of its own.",
+    ),
+    (
+        "fenced-write",
+        "DEST.fence follows the same rules as a lock file; a DEST that is a symbolic link is refused (64), so that every writer of a file shares one fence. The new content is spooled to an unnamed file before any lock is taken, and committed under a random name: no other user can block a writer by taking its temp file name.",
+    ),
+    (
+        "Names and output",
+        "A lease name holds only ASCII letters, digits and . _ - @ : + =, so that no two names print alike. status shows every character that does not print as itself as \\u{..}, so that no file name drives the terminal.",
+    ),
+    (
         "What remains",
         "root and the user leasewrap runs as (its child included) can still kill every process by name at once (pkill -9 -f leasewrap): a daemonized descendant then outlives the lease. Pausing every process at once is what fencing tokens are for.",
     ),
