@@ -310,6 +310,9 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
     ),
 ];
 
+/// How the name of every variable that clap reads begins (all are LEASEWRAP_*).
+pub const ENV_PREFIX: &str = "LEASEWRAP";
+
 /// The variables clap reads as fallbacks for arguments (`env = ...`), in every subcommand.
 pub fn env_fallbacks() -> Vec<String> {
     fn walk(cmd: &clap::Command, found: &mut Vec<String>) {
@@ -456,6 +459,12 @@ mod tests {
             "LEASEWRAP_LOG_FORMAT",
         ] {
             assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        for name in &names {
+            assert!(
+                name.starts_with(ENV_PREFIX),
+                "{name} does not start with {ENV_PREFIX}"
+            );
         }
     }
 

@@ -50,6 +50,7 @@ pub mod status;
 pub mod supervise;
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -96,8 +97,9 @@ pub fn entry(args: Vec<OsString>) -> Exit {
 /// An empty variable counts as unset, as config.rs reads the others; clap would refuse it. The
 /// names are those clap itself reads (its `env = ...` fallbacks).
 fn unset_empty_clap_variables() {
-    // Most runs have no empty variable at all: then the clap command need not be built.
-    if !std::env::vars_os().any(|(_, v)| v.is_empty()) {
+    // Most runs have no empty variable of ours: then the clap command need not be built.
+    let ours = |k: &OsString| k.as_bytes().starts_with(cli::ENV_PREFIX.as_bytes());
+    if !std::env::vars_os().any(|(k, v)| v.is_empty() && ours(&k)) {
         return;
     }
     for key in cli::env_fallbacks() {

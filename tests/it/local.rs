@@ -977,6 +977,19 @@ fn nonsense_for_any_option_exits_64_with_one_line_and_acquires_nothing() {
 }
 
 #[test]
+fn an_empty_variable_that_clap_reads_counts_as_unset() {
+    let sb = Sandbox::new();
+    let out = sb
+        .leasewrap()
+        .name("empty")
+        .env("LEASEWRAP_TTL", "")
+        .env("LEASEWRAP_LOG_FORMAT", "")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 0);
+}
+
+#[test]
 fn a_ttl_below_one_second_exits_64_naming_the_minimum_and_acquires_nothing() {
     // It used to pass the flags and panic once the lock and token were taken.
     for ttl in ["0.000000002s", "999ms"] {
