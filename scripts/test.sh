@@ -24,6 +24,7 @@ install_debian_packages() {
     command -v lintian >/dev/null || missing+=(lintian)
     command -v strip >/dev/null || missing+=(binutils)
     command -v useradd >/dev/null || missing+=(passwd)
+    command -v fusermount3 >/dev/null || missing+=(fuse3)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
     $SUDO apt-get update -qq >/dev/null

@@ -204,6 +204,9 @@ pub struct Schedule {
     phase: Phase,
     /// Failures since the last good reply, for the retry schedule.
     failures: u32,
+    /// There are other members to renew through: an attempt may use only half the time left,
+    /// so that the next one, through another member, still has the other half.
+    others: bool,
 }
 
 impl Schedule {
@@ -223,7 +226,16 @@ impl Schedule {
             next_send: t_send + timing.renew_every(),
             phase: Phase::Idle,
             failures: 0,
+            others: false,
         })
+    }
+
+    /// The same schedule, renewing through one of several members.
+    pub fn through_several_members(self) -> Self {
+        Self {
+            others: true,
+            ..self
+        }
     }
 
     /// `D`, the instant by which the child must be dead.
@@ -256,10 +268,14 @@ impl Schedule {
     }
 
     /// A renewal (keepalive and confirming read) answered later than this is a failure: by the
-    /// stop time, and at most one renewal period after the send, so that a hung member is left
-    /// while there is still time to renew through another.
+    /// stop time, at most one renewal period after the send, and with other members to try, by
+    /// half the time left, so that a hung member is left while there is time to renew through
+    /// another.
     fn reply_due(&self, t_send: BootInstant) -> BootInstant {
-        (t_send + self.timing.renew_every()).min(self.stop_at())
+        let stop = self.stop_at();
+        let left = t_send.until(stop);
+        let share = if self.others { left / 2 } else { left };
+        (t_send + self.timing.renew_every().min(share)).min(stop)
     }
 
     /// A keepalive was written; `t_send` was read just before.
@@ -611,6 +627,29 @@ mod tests {
         assert_eq!(s.replied(due, kept(10)), Verdict::Failed);
         assert_eq!(s.deadline(), before);
         assert_eq!(s.next(due), Next::Send, "retry at once after a failure");
+    }
+
+    #[test]
+    fn with_other_members_an_attempt_gets_half_the_time_left() {
+        let mut s = granted_at(0).through_several_members();
+        // Stop time 6090.9 ms; a send at 3333 ms leaves 2757.6 ms, of which half is its own.
+        s.sent(at(3_333));
+        let half = at(3_333).until(s.stop_at()) / 2;
+        assert_eq!(s.next(at(3_400)), Next::AwaitReplyUntil(at(3_333) + half));
+        s.failed(at(3_333) + half);
+        assert_eq!(
+            s.next(at(3_333) + half),
+            Next::Send,
+            "retried at once elsewhere"
+        );
+        // Early in a renewal period the renewal period itself is the bound.
+        let mut s = granted_at(0).through_several_members();
+        s.sent(at(100));
+        let third = Duration::from_nanos(3_333_333_333);
+        assert_eq!(
+            s.next(at(200)),
+            Next::AwaitReplyUntil(at(100) + third.min(at(100).until(s.stop_at()) / 2))
+        );
     }
 
     #[test]

@@ -1389,3 +1389,6 @@ fn sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_key(v: Version
     assert!(!w.marks.started(), "the waiter started its child");
     assert_only_the_holder_remains(etcd, &prefix, h);
 }
+
+// F14, in a module of its own: tests/it/etcd/quorum.rs.
+mod quorum;

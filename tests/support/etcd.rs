@@ -20,7 +20,11 @@ use std::sync::{mpsc, Mutex, Once, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use tempfile::TempDir;
+
+use super::stallfs::StallFs;
 
 /// How long a server may take to answer its first health check (a start takes ~0.25 s when idle).
 const START_BOUND: Duration = Duration::from_secs(20);
@@ -187,7 +191,7 @@ impl Etcd {
         let dir = scratch_dir();
         let tls = client_cert_required.map(|required| Tls::generate(dir.path(), required));
         let mut setup = Setup::new(version, &dir, tls);
-        let mut members = start_members(dir.path(), &mut setup, &["m0"]);
+        let mut members = start_members(dir.path(), &mut setup, &["m0"], Disk::Plain);
         Etcd {
             member: members.remove(0),
             setup,
@@ -303,9 +307,21 @@ impl Cluster {
     /// Starts all members and waits until each answers (which needs an elected leader).
     #[track_caller]
     pub fn start(version: Version) -> Cluster {
+        Cluster::start_on(version, Disk::Plain)
+    }
+
+    /// Like [`Cluster::start`], with each member's data dir on a FUSE stall filesystem of its
+    /// own, so that any one member can be made to stick in fsync ([`Cluster::stall`]).
+    #[track_caller]
+    pub fn start_stallable(version: Version) -> Cluster {
+        Cluster::start_on(version, Disk::Stallable)
+    }
+
+    #[track_caller]
+    fn start_on(version: Version, disk: Disk) -> Cluster {
         let dir = scratch_dir();
         let mut setup = Setup::new(version, &dir, None);
-        let members = start_members(dir.path(), &mut setup, &["m0", "m1", "m2"]);
+        let members = start_members(dir.path(), &mut setup, &["m0", "m1", "m2"], disk);
         let mut cluster = Cluster {
             members,
             setup,
@@ -350,6 +366,72 @@ impl Cluster {
     /// SIGKILL member `i` now, and reap (a 3-member etcd stops slowly on SIGTERM).
     pub fn kill(&mut self, i: usize) {
         self.members[i].kill();
+    }
+
+    /// Member `i`'s disk sticks in fsync from now on, and one write sent to it makes its raft
+    /// loop block there (etcd#15247): returns once a sync of that member is waiting. Its gRPC
+    /// keeps answering; [`Cluster::release`] ends it.
+    #[track_caller]
+    pub fn stall(&self, i: usize) {
+        let disk = self.disk(i);
+        disk.stall();
+        let key = format!("stall-{i}");
+        let mut put = self.setup.etcdctl(&self.endpoint(i));
+        put.args(["put", &key, "x", "--command-timeout=2s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = put.spawn().expect("cannot run etcdctl");
+        // It hangs until the stall ends or its timeout: reaped in the background.
+        thread::spawn(move || child.wait());
+        let deadline = Instant::now() + START_BOUND;
+        while disk.waiting() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "member {i}'s raft loop did not block in fsync within {START_BOUND:?}"
+            );
+            thread::sleep(HEALTH_POLL);
+        }
+    }
+
+    /// Let member `i`'s syncs through again.
+    pub fn release(&self, i: usize) {
+        self.disk(i).release();
+    }
+
+    #[track_caller]
+    fn disk(&self, i: usize) -> &StallFs {
+        let disk = self.members[i].disk.as_ref();
+        disk.expect("the cluster was not started with Cluster::start_stallable")
+    }
+
+    /// Stop (SIGSTOP) or continue (SIGCONT) member `i`'s process.
+    #[track_caller]
+    pub fn signal(&self, i: usize, sig: Signal) {
+        let child = self.members[i]
+            .child
+            .as_ref()
+            .expect("member is not running");
+        kill(Pid::from_raw(child.id() as i32), sig).expect("cannot signal the etcd member");
+    }
+
+    /// Member `i`'s Prometheus metrics, as text.
+    #[track_caller]
+    pub fn metrics(&self, i: usize) -> String {
+        let port = self.members[i].metrics;
+        http_get(port, "/metrics").unwrap_or_else(|e| panic!("GET /metrics of member {i}: {e}"))
+    }
+
+    /// The sum of one metric's samples on member `i` whose labels contain every one of `labels`
+    /// (as `name="value"`).
+    pub fn metric(&self, i: usize, name: &str, labels: &[&str]) -> f64 {
+        let text = self.metrics(i);
+        let samples = text.lines().filter(|l| !l.starts_with('#'));
+        let matching = samples.filter(|l| {
+            l.split(['{', ' ']).next() == Some(name) && labels.iter().all(|w| l.contains(w))
+        });
+        matching
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// Starts member `i` again on its data dir and ports; waits until it answers (needs a quorum).
@@ -570,19 +652,35 @@ struct Member {
     /// Serves plain-HTTP /health even when the client port speaks TLS.
     metrics: u16,
     child: Option<Child>,
+    /// The FUSE stall filesystem `data_dir` is mounted from, if any; after `child` on drop.
+    disk: Option<StallFs>,
+}
+
+/// Where a member keeps its data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Disk {
+    Plain,
+    /// On a stall filesystem of its own.
+    Stallable,
 }
 
 impl Member {
-    fn new(dir: &Path, name: &str) -> Member {
+    fn new(dir: &Path, name: &str, disk: Disk) -> Member {
         let client = free_port();
+        let data_dir = dir.join(format!("{name}-{client}.data"));
+        let disk = (disk == Disk::Stallable).then(|| {
+            let backing = dir.join(format!("{name}-{client}.backing"));
+            StallFs::mount(&backing, &data_dir)
+        });
         Member {
             name: name.to_owned(),
-            data_dir: dir.join(format!("{name}-{client}.data")),
+            data_dir,
             log: dir.join(format!("{name}-{client}.log")),
             client,
             peer: free_port(),
             metrics: free_port(),
             child: None,
+            disk,
         }
     }
 
@@ -694,9 +792,12 @@ impl Drop for Member {
 /// Starts members `names` with fresh ports and waits until all answer; tries again with other
 /// ports if one found free was taken before etcd bound it.
 #[track_caller]
-fn start_members(dir: &Path, setup: &mut Setup, names: &[&str]) -> Vec<Member> {
+fn start_members(dir: &Path, setup: &mut Setup, names: &[&str], disk: Disk) -> Vec<Member> {
     for attempt in 1..=START_TRIES {
-        let mut members: Vec<Member> = names.iter().map(|name| Member::new(dir, name)).collect();
+        let mut members: Vec<Member> = names
+            .iter()
+            .map(|name| Member::new(dir, name, disk))
+            .collect();
         let cluster: Vec<String> = members
             .iter()
             .map(|m| format!("{}={}", m.name, m.peer_url()))
@@ -719,17 +820,7 @@ fn start_members(dir: &Path, setup: &mut Setup, names: &[&str]) -> Vec<Member> {
 
 /// Whether etcd's /health on `port` says `"health":"true"` (it does once there is a leader).
 fn answers_healthy(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return false;
-    };
-    let mut reply = String::new();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .is_ok()
-        && stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok()
-        && stream.read_to_string(&mut reply).is_ok()
-        && reply.contains(r#""health":"true""#)
+    http_get(port, "/health").is_ok_and(|body| body.contains(r#""health":"true""#))
 }
 
 /// The body of `GET path` on 127.0.0.1:`port` (HTTP/1.0: the server closes when done).

@@ -7,6 +7,7 @@
 pub mod etcd;
 mod job;
 pub mod proxy;
+pub mod stallfs;
 pub mod user;
 
 pub use job::{Job, Marks};

@@ -139,6 +139,16 @@ impl Members {
         Ok(self.conns[at].insert(conn))
     }
 
+    /// Whether there are other members to leave for.
+    pub fn several(&self) -> bool {
+        self.conns.len() > 1
+    }
+
+    /// Which member is in use.
+    pub fn at(&self) -> usize {
+        self.at
+    }
+
     /// The URL of the member in use.
     pub fn endpoint(&self) -> &str {
         &self.cfg.endpoints[self.at]

@@ -96,12 +96,16 @@ impl Session {
     /// Start keeping `grant`, whose key is `own`, renewing through `members`.
     pub fn keep(grant: Grant, members: Members, own: OwnKey) -> Self {
         let (tx, state) = watch::channel(KeeperState::granted(&grant.schedule));
+        let schedule = match members.several() {
+            false => grant.schedule,
+            true => grant.schedule.through_several_members(),
+        };
         let keeper = Keeper {
             lease: grant.id,
             link: EtcdLink::new(members, grant.id, own.clone()),
             own,
             clock: Boot,
-            schedule: grant.schedule,
+            schedule,
             tx: tx.clone(),
         };
         let task = tokio::spawn(async move {
@@ -246,6 +250,43 @@ struct EtcdLink {
     id: i64,
     own: OwnKey,
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The stream's member answered a keepalive: its lessor works, whatever its raft loop does.
+    answered: bool,
+    sidecar: Option<Sidecar>,
+}
+
+/// The stream to a member left while its lessor still answered: most likely one whose raft
+/// loop is stuck (etcd#15247). It goes on getting a keepalive with every renewal, its replies
+/// unheeded, because a stuck leader that comes back revokes every lease its stale lessor thinks
+/// expired (fixed only in etcd 3.5.13 and 3.4.31), the lease the quorum renews included.
+struct Sidecar {
+    keeper: LeaseKeeper,
+    member: usize,
+    /// Reads and drops the replies, so that the server never waits to send one.
+    drain: JoinHandle<()>,
+}
+
+impl Sidecar {
+    fn new(keeper: LeaseKeeper, mut replies: LeaseKeepAliveStream, member: usize) -> Self {
+        let drain = tokio::spawn(async move { while let Ok(Some(_)) = replies.message().await {} });
+        Self {
+            keeper,
+            member,
+            drain,
+        }
+    }
+
+    /// One keepalive, if it can be written at once; false when the stream is no use any more.
+    async fn nudge(&mut self) -> bool {
+        let now = tokio::time::timeout(Duration::ZERO, self.keeper.keep_alive()).await;
+        matches!(now, Ok(Ok(())))
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.drain.abort();
+    }
 }
 
 impl EtcdLink {
@@ -255,6 +296,8 @@ impl EtcdLink {
             id,
             own,
             stream: None,
+            answered: false,
+            sidecar: None,
         }
     }
 
@@ -289,17 +332,26 @@ impl Link for EtcdLink {
     async fn send(&mut self) -> Result<(), LinkError> {
         let broken = || LinkError::Broken("the keepalive stream broke".into());
         let (keeper, _) = self.stream.as_mut().ok_or_else(broken)?;
-        keeper.keep_alive().await.map_err(|_| broken())
+        keeper.keep_alive().await.map_err(|_| broken())?;
+        if let Some(sidecar) = self.sidecar.as_mut() {
+            if !sidecar.nudge().await {
+                self.sidecar = None;
+            }
+        }
+        Ok(())
     }
 
     async fn reply(&mut self) -> Result<Kept, LinkError> {
         let ended = || LinkError::Broken("the keepalive stream ended".into());
         let (_, replies) = self.stream.as_mut().ok_or_else(ended)?;
         match replies.message().await {
-            Ok(Some(r)) => Ok(Kept {
-                ttl: r.ttl(),
-                term: r.header().map_or(0, |h| h.raft_term()),
-            }),
+            Ok(Some(r)) => {
+                self.answered = r.ttl() > 0;
+                Ok(Kept {
+                    ttl: r.ttl(),
+                    term: r.header().map_or(0, |h| h.raft_term()),
+                })
+            }
             Ok(None) => Err(ended()),
             Err(e) => Err(LinkError::Broken(format!(
                 "the keepalive stream failed: {e}"
@@ -327,8 +379,22 @@ impl Link for EtcdLink {
     }
 
     fn leave(&mut self) {
-        self.stream = None;
+        let left = self.members.at();
+        if let (Some((keeper, replies)), true) = (self.stream.take(), self.answered) {
+            if self.members.several() {
+                self.sidecar = Some(Sidecar::new(keeper, replies, left));
+            }
+        }
+        self.answered = false;
         self.members.leave();
+        // Back at the member it was for: that member gets the real keepalives again.
+        if self
+            .sidecar
+            .as_ref()
+            .is_some_and(|s| s.member == self.members.at())
+        {
+            self.sidecar = None;
+        }
     }
 }
 

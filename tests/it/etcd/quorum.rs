@@ -1,0 +1,357 @@
+//! F14: renewals the quorum vouches for (docs/quorum.md), on 3-member etcd 3.4 and 3.5 clusters
+//! whose members keep their data on FUSE stall filesystems.
+//!
+//! A member "stuck in fdatasync" (etcd#15247) keeps answering keepalives from its stale lessor
+//! while the other two elect a leader that expires the lease. Each scenario runs holder A (its
+//! child beats every 20 ms) and waiter B, puts the fault on half a TTL into A's second renewal
+//! interval, and keeps it for 2 x TTL and, when A's child is dead by then, until B's child starts:
+//! the fault lasts over the whole window in which the two could overlap. The assertion is the
+//! one of F2: A's child is dead before B's starts (every beat of A's precedes B's start), and the
+//! overlap check runs on every poll while the fault lasts and after.
+
+use super::*;
+
+/// The TTL of the fault scenarios: that of the reproduction in the issue, long enough that an
+/// election (1 s of etcd's defaults) fits in one renewal's slack.
+const F14_TTL: Duration = Duration::from_secs(5);
+
+/// How long a fault may have to last before B's child starts (election, TTL, 1 s of etcd's
+/// promotion extension, on a loaded box).
+const FAULT_BOUND: Duration = Duration::from_secs(30);
+
+on_both_versions!(
+    holder_on_a_stalled_leader_alone_is_dead_before_the_waiter_on_a_follower_starts,
+    holder_on_every_member_leaves_a_stalled_leader_and_never_overlaps,
+    holder_on_a_stalled_follower_alone_is_dead_before_the_waiter_starts,
+    holder_on_a_stopped_leader_alone_is_dead_before_the_waiter_on_a_follower_starts,
+    holders_through_each_member_of_a_healthy_cluster_never_lose_the_lease,
+);
+
+/// What happens to the member A talks to first.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// The leader's disk sticks in fsync.
+    StallLeader,
+    /// A follower's disk sticks in fsync.
+    StallFollower,
+    /// The leader is SIGSTOPped.
+    StopLeader,
+}
+
+/// Which endpoints A is given.
+#[derive(Clone, Copy, Debug)]
+enum Reach {
+    /// Only the faulty member's.
+    Alone,
+    /// Every member's, the faulty one first (the one leasewrap renews through first).
+    All,
+}
+
+/// How the scenario ended for A.
+enum Ending {
+    /// A's child was stopped and B's started after it: the gap between A's last beat and B's
+    /// start, in ms.
+    TakenOver { gap_ms: f64, exit: Option<i32> },
+    /// A kept the lease through the fault (renewing through another member), then ended so.
+    KeptHolding { exit: Option<i32> },
+}
+
+struct Scenario {
+    cluster: Cluster,
+    faulty: usize,
+    fault: Fault,
+    a: Job,
+    b: Job,
+}
+
+impl Scenario {
+    #[track_caller]
+    fn start(v: Version, fault: Fault, reach: Reach, label: &str) -> (Scenario, Sandbox) {
+        let cluster = Cluster::start_stallable(v);
+        let leader = cluster.leader_index();
+        let faulty = match fault {
+            Fault::StallFollower => (leader + 1) % Cluster::SIZE,
+            Fault::StallLeader | Fault::StopLeader => leader,
+        };
+        let waiter_on = (0..Cluster::SIZE).find(|&i| i != faulty && i != leader);
+        let waiter_on = waiter_on.expect("three members");
+        let holder_on = match reach {
+            Reach::Alone => cluster.endpoint(faulty),
+            Reach::All => {
+                let rest = (1..Cluster::SIZE).map(|k| cluster.endpoint((faulty + k) % 3));
+                std::iter::once(cluster.endpoint(faulty))
+                    .chain(rest)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+        };
+        let prefix = etcd::unique_prefix(label);
+        let sb = Sandbox::new();
+        let lw = |endpoints: &str| {
+            let ttl = format!("{}s", F14_TTL.as_secs());
+            Leasewrap::new()
+                .on_etcd(endpoints, &prefix)
+                .name("job")
+                .args(&["--ttl", &ttl, "-v"])
+        };
+        let a = Job::spawn(lw(&holder_on), Marks::new(&sb, "a"), true);
+        a.child();
+        let b = lw(&cluster.endpoint(waiter_on)).args(&["-w", "120s"]);
+        let b = Job::spawn(b, Marks::new(&sb, "b"), false);
+        wait_for_key_count(&cluster, &prefix, 2, STARTUP);
+        let s = Scenario {
+            cluster,
+            faulty,
+            fault,
+            a,
+            b,
+        };
+        (s, sb)
+    }
+
+    fn fault_on(&self) {
+        match self.fault {
+            Fault::StallLeader | Fault::StallFollower => self.cluster.stall(self.faulty),
+            Fault::StopLeader => self.cluster.signal(self.faulty, Signal::SIGSTOP),
+        }
+    }
+
+    fn fault_off(&self) {
+        match self.fault {
+            Fault::StallLeader | Fault::StallFollower => self.cluster.release(self.faulty),
+            Fault::StopLeader => self.cluster.signal(self.faulty, Signal::SIGCONT),
+        }
+    }
+
+    /// Panics, with both holders' stderr, if B's child has started while A's runs.
+    #[track_caller]
+    fn assert_no_overlap(&self, a_child: i32) {
+        // In this order: a start seen before a live pid means both ran at the same instant.
+        let started = self.b.marks.started();
+        if started && pid_alive(a_child) {
+            panic!(
+                "OVERLAP under {:?}: B's child started while A's (pid {a_child}) still runs\n\
+                 --- A's stderr ---\n{}\n--- B's stderr ---\n{}",
+                self.fault,
+                self.a.run.stderr(),
+                self.b.run.stderr()
+            );
+        }
+    }
+
+    /// Keeps the fault on for 2 x TTL, and longer while A's child is dead and B's not started
+    /// yet (bounded), checking for overlap on every poll.
+    #[track_caller]
+    fn through_the_fault(&self, a_child: i32) {
+        let began = Instant::now();
+        loop {
+            self.assert_no_overlap(a_child);
+            let settled = self.b.marks.started() || pid_alive(a_child);
+            if began.elapsed() >= 2 * F14_TTL && settled {
+                return;
+            }
+            assert!(
+                began.elapsed() < FAULT_BOUND,
+                "{:?}: A's child is dead and B's has not started {FAULT_BOUND:?} into the fault\n\
+                 --- B's stderr ---\n{}",
+                self.fault,
+                self.b.run.stderr()
+            );
+            thread::sleep(POLL);
+        }
+    }
+
+    /// After the fault: B took over, or A kept the lease; either way A's child never beat after
+    /// B's started.
+    #[track_caller]
+    fn ending(&mut self, a_child: i32) -> Ending {
+        let kept = pid_alive(a_child) && !self.b.marks.started();
+        if kept {
+            // Let A's run end; B then takes over, after A's child's last beat.
+            let watch_until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < watch_until {
+                self.assert_no_overlap(a_child);
+                thread::sleep(POLL);
+            }
+            self.a.release();
+        }
+        let exit = self.a.wait(STARTUP).code();
+        wait_until(FAULT_BOUND, "B's child to start", || self.b.marks.started());
+        let b_start = read_ns(&self.b.marks.start);
+        let last_beat = last_beat_ns(&self.a.marks.beat);
+        assert!(
+            last_beat < b_start,
+            "A's child beat {:.1} ms after B's child started",
+            ms(last_beat - b_start)
+        );
+        assert!(!pid_alive(a_child), "A's child outlived A");
+        if kept {
+            // 124 too: when a stuck leader of etcd < 3.5.8 resumes, it revokes every lease it
+            // thinks expired (etcd#15247, #12528), and the holder then stops its child.
+            let ok = matches!(exit, Some(0 | 124));
+            assert!(ok, "A exited {exit:?}{}", self.a.run.stderr());
+            return Ending::KeptHolding { exit };
+        }
+        assert_eq!(
+            exit,
+            Some(124),
+            "A's lease was lost: 124\n{}",
+            self.a.run.stderr()
+        );
+        Ending::TakenOver {
+            gap_ms: ms(b_start - last_beat),
+            exit,
+        }
+    }
+}
+
+/// Runs one fault scenario to its end and reports the figures.
+#[track_caller]
+fn no_overlap_under(v: Version, fault: Fault, reach: Reach, label: &str) {
+    let started = Instant::now();
+    let (mut s, _sb) = Scenario::start(v, fault, reach, label);
+    let a_child = s.a.child();
+    into_the_second_renewal_interval_of(&s.a, F14_TTL);
+    s.fault_on();
+    s.through_the_fault(a_child);
+    s.fault_off();
+    let ending = s.ending(a_child);
+    s.b.release();
+    // B may lose its lease to the resumed stale leader (etcd#15247): then it stops its child.
+    let b_exit = s.b.wait(STARTUP).code();
+    assert!(
+        matches!(b_exit, Some(0 | 124)),
+        "B exited {b_exit:?}{}",
+        s.b.run.stderr()
+    );
+    let how = match ending {
+        Ending::TakenOver { gap_ms, exit } => format!(
+            "A's child stopped (exit {exit:?}), B's started {gap_ms:.0} ms after A's last beat"
+        ),
+        Ending::KeptHolding { exit } => {
+            format!("A kept the lease through the fault (then exit {exit:?}); no overlap")
+        }
+    };
+    eprintln!(
+        "F14 etcd {} {fault:?} {reach:?}: {how}; B exit {b_exit:?}; scenario took {:.1} s",
+        v.number(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Half a TTL into the child's second renewal interval (as `into_the_second_renewal_interval`,
+/// for another TTL): a point in the scenario, not a wait for calm.
+fn into_the_second_renewal_interval_of(job: &Job, ttl: Duration) {
+    let at = read_ns(&job.marks.start) + ttl.as_nanos() as i128 / 2;
+    let left = u64::try_from(at - now_ns()).unwrap_or(0);
+    thread::sleep(Duration::from_nanos(left));
+}
+
+fn holder_on_a_stalled_leader_alone_is_dead_before_the_waiter_on_a_follower_starts(v: Version) {
+    no_overlap_under(v, Fault::StallLeader, Reach::Alone, "f14_leader");
+}
+
+fn holder_on_every_member_leaves_a_stalled_leader_and_never_overlaps(v: Version) {
+    no_overlap_under(v, Fault::StallLeader, Reach::All, "f14_all");
+}
+
+fn holder_on_a_stalled_follower_alone_is_dead_before_the_waiter_starts(v: Version) {
+    no_overlap_under(v, Fault::StallFollower, Reach::Alone, "f14_follower");
+}
+
+fn holder_on_a_stopped_leader_alone_is_dead_before_the_waiter_on_a_follower_starts(v: Version) {
+    no_overlap_under(v, Fault::StopLeader, Reach::Alone, "f14_stopped");
+}
+
+/// How long the healthy cluster is watched.
+const HEALTHY_FOR: Duration = Duration::from_secs(30);
+
+/// Three holders of three leases, each through one member, for 30 s at TTL 2 s: none loses its
+/// lease, each exits 0. Also counts what one renewal costs the cluster, from etcd's /metrics.
+fn holders_through_each_member_of_a_healthy_cluster_never_lose_the_lease(v: Version) {
+    let cluster = Cluster::start(v);
+    let prefix = etcd::unique_prefix("f14_healthy");
+    let sb = Sandbox::new();
+    let holders: Vec<Job> = (0..Cluster::SIZE)
+        .map(|i| {
+            let lw = Leasewrap::new()
+                .on_etcd(&cluster.endpoint(i), &prefix)
+                .name(&format!("job{i}"))
+                .args(&FAULT_ARGS);
+            Job::hold(lw, &sb, &format!("h{i}"))
+        })
+        .collect();
+    let before = Requests::of(&cluster);
+    let began = Instant::now();
+    while began.elapsed() < HEALTHY_FOR {
+        for (i, h) in holders.iter().enumerate() {
+            assert!(
+                !h.marks.end.exists() && pid_alive(h.child()),
+                "holder {i}'s child stopped on a healthy cluster\n{}",
+                h.run.stderr()
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let spent = Requests::of(&cluster).since(&before);
+    let mut renewals = 0;
+    for mut h in holders {
+        h.release();
+        h.finish_with(0);
+        renewals += h.run.stderr().matches("confirming read").count();
+    }
+    spent.report(v, renewals);
+}
+
+/// Requests the whole cluster has served, by kind, from each member's /metrics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Requests {
+    keepalives: f64,
+    ranges: f64,
+    txns: f64,
+}
+
+impl Requests {
+    fn of(cluster: &Cluster) -> Requests {
+        let sum = |name: &str, method: &str| -> f64 {
+            let label = format!("grpc_method=\"{method}\"");
+            (0..Cluster::SIZE)
+                .map(|i| cluster.metric(i, name, &[&label]))
+                .sum()
+        };
+        Requests {
+            keepalives: sum("grpc_server_msg_received_total", "LeaseKeepAlive"),
+            ranges: sum("grpc_server_handled_total", "Range"),
+            txns: sum("grpc_server_handled_total", "Txn"),
+        }
+    }
+
+    fn since(&self, before: &Requests) -> Requests {
+        Requests {
+            keepalives: self.keepalives - before.keepalives,
+            ranges: self.ranges - before.ranges,
+            txns: self.txns - before.txns,
+        }
+    }
+
+    /// Prints the cost of a renewal; a renewal is one keepalive and one read, so no more than
+    /// one read per renewal may show (none of the holders does anything else meanwhile).
+    #[track_caller]
+    fn report(&self, v: Version, renewals: usize) {
+        assert!(renewals > 0, "no renewal was logged");
+        let per = |n: f64| n / renewals as f64;
+        eprintln!(
+            "F14 etcd {} healthy: {renewals} renewals in {HEALTHY_FOR:?} by 3 holders; per renewal \
+             {:.2} keepalives, {:.2} Range, {:.2} Txn",
+            v.number(),
+            per(self.keepalives),
+            per(self.ranges),
+            per(self.txns)
+        );
+        assert!(
+            self.ranges <= renewals as f64 + 3.0,
+            "{} Range requests for {renewals} renewals",
+            self.ranges
+        );
+    }
+}
