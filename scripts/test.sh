@@ -13,7 +13,9 @@ fi
 # Debian packages: etcd 3.4 (server and etcdctl),
 # faketime for the clock tests, openssl for the TLS test certificates, systemd for
 # `systemd-analyze verify` of the unit files, lintian and binutils (strip) for the package check
-# (tests/it/docs.rs), passwd (useradd) for the second user of tests/it/security.rs.
+# (tests/it/docs.rs), passwd (useradd) for the second user of tests/it/security.rs, fuse3
+# (fusermount3) for the FUSE stall filesystem of the F14 tests when not root (as root it mounts
+# directly; without /dev/fuse those tests fail, saying so).
 install_debian_packages() {
     local missing=()
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
