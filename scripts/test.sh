@@ -16,6 +16,7 @@ fi
 # (tests/it/docs.rs), passwd (useradd) for the second user of tests/it/security.rs, fuse3
 # (fusermount3) for the FUSE stall filesystem of the F14 tests when not root (as root it mounts
 # directly; without /dev/fuse those tests fail, saying so).
+# e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs.
 install_debian_packages() {
     local missing=()
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -27,6 +28,7 @@ install_debian_packages() {
     command -v strip >/dev/null || missing+=(binutils)
     command -v useradd >/dev/null || missing+=(passwd)
     command -v fusermount3 >/dev/null || missing+=(fuse3)
+    command -v chattr >/dev/null || missing+=(e2fsprogs)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
     $SUDO apt-get update -qq >/dev/null

@@ -352,6 +352,53 @@ fn a_write_that_cannot_replace_dest_leaves_the_fence_where_it_was() {
     assert_eq!(fs::read_to_string(sb.path("rep.csv.fence")).unwrap(), "6\n");
 }
 
+/// Makes a file immutable (`chattr +i`: even root cannot rename over it) until dropped.
+struct Immutable<'a>(&'a Path);
+
+impl<'a> Immutable<'a> {
+    #[track_caller]
+    fn set(path: &'a Path) -> Self {
+        let out = Command::new("chattr").arg("+i").arg(path).output();
+        let out = out.expect("run chattr (Debian package e2fsprogs)");
+        assert!(
+            out.status.success(),
+            "chattr +i {}: {} (the test needs a file system with the immutable flag, as ext4)",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Immutable(path)
+    }
+}
+
+impl Drop for Immutable<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(self.0).status();
+    }
+}
+
+#[test]
+fn a_rename_that_fails_after_the_token_was_recorded_puts_the_old_record_back() {
+    // In the build's own temp dir: /tmp may be a file system without the immutable flag.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dest = dir.path().join("rep.csv");
+    let fence = dir.path().join("rep.csv.fence");
+    assert_exit(&fenced_write(&dest, 6, b"six\n", &[]), 0);
+    let out = {
+        let _frozen = Immutable::set(&dest);
+        fenced_write(&dest, 7, b"seven\n", &[])
+    };
+    assert_exit(&out, 125);
+    assert!(out.stderr.contains("replacing"), "{}", out.context());
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "six\n");
+    assert_eq!(
+        fs::read_to_string(&fence).unwrap(),
+        "6\n",
+        "the fence ran ahead"
+    );
+    let left: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert_eq!(left.len(), 2, "a temp file was left: {left:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Output and names (items 13, 14).
 
