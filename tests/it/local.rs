@@ -411,17 +411,31 @@ impl Tree {
 
 #[test]
 fn sigkill_to_leasewrap_kills_the_whole_tree_including_a_daemon() {
+    sigkilled_leasewrap_leaves_no_tree("killed", false);
+}
+
+/// SIGKILL to leasewrap, or to its whole process group: the tree dies all the same, and the
+/// next holder gets the next token.
+fn sigkilled_leasewrap_leaves_no_tree(name: &str, whole_group: bool) {
     let sb = Sandbox::new();
-    let mut tree = start_tree(&sb, sb.leasewrap().name("killed"));
-    tree.leasewrap.kill(Signal::SIGKILL);
+    let lw = sb.leasewrap().name(name);
+    let lw = if whole_group {
+        lw.own_process_group()
+    } else {
+        lw
+    };
+    let mut tree = start_tree(&sb, lw);
+    let leasewrap = Pid::from_raw(tree.leasewrap.pid());
+    let killed = if whole_group {
+        signal::killpg(leasewrap, Signal::SIGKILL)
+    } else {
+        signal::kill(leasewrap, Signal::SIGKILL)
+    };
+    killed.expect("SIGKILL leasewrap");
     tree.leasewrap.wait_timeout(Duration::from_secs(1));
     assert_signaled(&tree.leasewrap, Signal::SIGKILL);
     tree.assert_gone();
-    assert_eq!(
-        token_run(&sb, "killed", &["-n"]),
-        2,
-        "token of the next holder"
-    );
+    assert_eq!(token_run(&sb, name, &["-n"]), 2, "token of the next holder");
 }
 
 #[test]
@@ -494,19 +508,7 @@ fn sigkill_to_the_watchdog_kills_the_whole_tree_including_a_daemon() {
 fn sigkill_to_leasewrap_s_process_group_kills_the_whole_tree_including_a_daemon() {
     // `kill -9 -- -PGID`, or `kill -9 %1` from a job-control shell: the watchdog is not in
     // leasewrap's group, so it lives on to kill the tree.
-    let sb = Sandbox::new();
-    let lw = sb.leasewrap().name("group").own_process_group();
-    let mut tree = start_tree(&sb, lw);
-    let group = Pid::from_raw(tree.leasewrap.pid());
-    signal::killpg(group, Signal::SIGKILL).expect("SIGKILL leasewrap's process group");
-    tree.leasewrap.wait_timeout(Duration::from_secs(1));
-    assert_signaled(&tree.leasewrap, Signal::SIGKILL);
-    tree.assert_gone();
-    assert_eq!(
-        token_run(&sb, "group", &["-n"]),
-        2,
-        "token of the next holder"
-    );
+    sigkilled_leasewrap_leaves_no_tree("group", true);
 }
 
 #[test]
