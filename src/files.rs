@@ -116,10 +116,20 @@ impl Dir {
         let base = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let mode = Mode::from_bits_truncate(0o644);
         let excl = base | OFlag::O_CREAT | OFlag::O_EXCL;
-        let (fd, created) = match nix::fcntl::openat(&self.fd, name, excl, mode) {
-            Ok(fd) => (fd, true),
-            Err(Errno::EEXIST) => (self.openat(name, base)?, false),
-            Err(e) => return Err(self.open_failed(name, e)),
+        let mut tries = 0;
+        let (fd, created) = loop {
+            tries += 1;
+            match nix::fcntl::openat(&self.fd, name, excl, mode) {
+                Ok(fd) => break (fd, true),
+                Err(Errno::EEXIST) => {}
+                Err(e) => return Err(self.open_failed(name, e)),
+            }
+            match nix::fcntl::openat(&self.fd, name, base, Mode::empty()) {
+                Ok(fd) => break (fd, false),
+                // Removed between the two opens: create it after all.
+                Err(Errno::ENOENT) if tries < 3 => {}
+                Err(e) => return Err(self.open_failed(name, e)),
+            }
         };
         let file = File::from(fd);
         let st = nix::sys::stat::fstat(&file).map_err(|e| self.open_failed(name, e))?;
@@ -145,11 +155,6 @@ impl Dir {
             return Err(refused(&self.join(name), "is not a regular file"));
         }
         Ok(Some(file))
-    }
-
-    fn openat(&self, name: &str, flags: OFlag) -> Result<OwnedFd, Error> {
-        nix::fcntl::openat(&self.fd, name, flags, Mode::empty())
-            .map_err(|e| self.open_failed(name, e))
     }
 
     /// What `name` is now, without following a link; None if nothing has that name.
@@ -209,7 +214,7 @@ fn refused(path: &Path, why: &str) -> Error {
     Error::Config(format!("refusing {}: it {why}", path.display()))
 }
 
-/// Whether `file` is the inode that `meta` describes.
+/// Whether `file` is the inode that `st` describes.
 pub fn same_inode(file: &File, st: &FileStat) -> bool {
     file.metadata()
         .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
