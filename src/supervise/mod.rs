@@ -2,7 +2,8 @@
 //! ended. Knows nothing of leases: it is told deadlines and stops, and reports exits.
 //!
 //! leasewrap is a subreaper too, so that if the watchdog itself is killed, the descendants it
-//! leaves behind come to leasewrap, which kills them before it exits.
+//! leaves behind come to leasewrap, which kills them before it exits; and it looks in on the
+//! watchdog whenever the watchdog must act, standing in for one that is stopped ([`oversight`]).
 
 pub mod oversight;
 pub mod protocol;
