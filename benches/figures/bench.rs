@@ -162,7 +162,7 @@ pub struct Bench {
     pub procs: Procs,
     /// etcd's watcher count with none of ours running.
     watch_base: f64,
-    /// xorshift state for the random kill phase.
+    /// State of `random` (the kill phase of the takeover figure).
     rng: u64,
     /// Last: removed once every process is gone.
     pub tmp: TempDir,
@@ -186,7 +186,8 @@ impl Bench {
         let etcd = Etcd::start(Version::V3_4);
         procs.spare(etcd.pid().expect("etcd runs") as i32);
         let proxy = Proxy::start(etcd.addr());
-        let seed = Instant::now().elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let seed = since_epoch.map_or(0, |d| d.as_nanos() as u64) ^ u64::from(std::process::id());
         let mut bench = Bench {
             sizes,
             lw,
@@ -195,7 +196,7 @@ impl Bench {
             events,
             procs,
             watch_base: 0.0,
-            rng: seed | 1,
+            rng: seed,
             tmp,
         };
         bench.watch_base = bench.scrape().get("etcd_debugging_mvcc_watcher_total");
@@ -371,12 +372,14 @@ impl Bench {
         }
     }
 
-    /// A number in [0, 1).
+    /// A number in [0, 1) (splitmix64: even its first outputs are spread, whatever the seed).
     pub fn random(&mut self) -> f64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        (self.rng >> 11) as f64 / (1u64 << 53) as f64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
