@@ -887,6 +887,7 @@ fn remove_dirs_of_dead_processes(root: &Path) {
         };
         let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
         if gone == Err(nix::errno::Errno::ESRCH) {
+            super::stallfs::unmount_everything_under(&entry.path());
             let _ = fs::remove_dir_all(entry.path());
         }
     }

@@ -89,6 +89,19 @@ impl Drop for StallFs {
     }
 }
 
+/// Detach every mount below `dir` (stall filesystems of a test process that died: their FUSE
+/// connection is gone, and a directory holding one cannot be removed until it is unmounted).
+pub fn unmount_everything_under(dir: &Path) {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for point in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+        if Path::new(point).starts_with(dir) {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", point])
+                .status();
+        }
+    }
+}
+
 /// The gate every sync passes.
 #[derive(Default)]
 struct Gate {
