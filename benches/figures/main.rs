@@ -6,6 +6,7 @@
 //!     cargo bench -- --write          the same, then rewrites BENCHMARKS.md
 //!     cargo bench -- --quick          small sizes, for development (about 1.5 minutes)
 //!     cargo bench -- --only 1,3       some figures
+//!     cargo bench -- --output FILE    any run's report, written to FILE in BENCHMARKS.md's form
 //!
 //! `cargo test --all-targets` builds this target and runs it without `--bench`: it then measures
 //! nothing. Its statistics are unit-tested in the integration test binary (tests/it/main.rs).
@@ -63,7 +64,8 @@ const FIGURES: [(u32, &str, Measure); 9] = [
 
 struct Options {
     quick: bool,
-    write: bool,
+    /// Where the report goes: BENCHMARKS.md with `--write`, any file with `--output`.
+    output: Option<PathBuf>,
     build: bool,
     only: Vec<u32>,
 }
@@ -87,7 +89,7 @@ fn main() -> ExitCode {
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut opts = Options {
         quick: false,
-        write: false,
+        output: None,
         build: true,
         only: FIGURES.iter().map(|f| f.0).collect(),
     };
@@ -96,7 +98,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         match arg.as_str() {
             "--bench" => {}
             "--quick" => opts.quick = true,
-            "--write" => opts.write = true,
+            "--write" => opts.output = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
+            "--output" => opts.output = Some(it.next().ok_or("--output needs a file")?.into()),
             "--no-build" => opts.build = false,
             "--only" => {
                 let list = it.next().ok_or("--only needs a list such as 1,3")?;
@@ -106,13 +109,18 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other} (known: --quick, --write, --only LIST, --no-build)"
+                    "unknown argument {other} (known: --quick, --write, --output FILE, --only LIST, --no-build)"
                 ))
             }
         }
     }
-    if opts.write && (opts.quick || opts.only.len() != FIGURES.len()) {
-        return Err("--write rewrites BENCHMARKS.md from a full run: no --quick or --only".into());
+    let partial = opts.quick || opts.only.len() != FIGURES.len();
+    if args.iter().any(|a| a == "--write") && partial {
+        return Err(
+            "--write rewrites BENCHMARKS.md from a full run: no --quick or --only \
+                    (--output FILE takes any run)"
+                .into(),
+        );
     }
     Ok(opts)
 }
@@ -156,11 +164,15 @@ fn run(opts: &Options) -> ExitCode {
             missed.join("\n    ")
         }
     );
-    if opts.write {
-        let path = root.join("BENCHMARKS.md");
+    if let Some(path) = &opts.output {
+        let args: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--bench")
+            .collect();
+        let command = format!("cargo bench -- {}", args.join(" "));
         report::write(
-            &path,
-            &report::markdown(&figures, &machine, "cargo bench -- --write"),
+            path,
+            &report::markdown(&figures, &machine, command.trim_end()),
         );
         println!("wrote {}", path.display());
     }
