@@ -64,10 +64,44 @@ pub fn on_etcd(bench: &mut Bench) -> Figure {
         "Harness floor for the whole-process figures (posix_spawn + waitpid of `/bin/true`): {}.",
         dist(&r[2], "ms", 2)
     );
+    let asked = requests_per_run(bench, &lw, &ec);
     Figure {
         rows: vec![row],
-        notes: vec![floor],
+        notes: vec![floor, asked],
     }
+}
+
+/// Runs counted for the requests a `-- true` asks of etcd.
+const COUNTED_RUNS: usize = 10;
+
+/// What one uncontended `-- true` asks of etcd, per tool: etcd's counters over `COUNTED_RUNS`
+/// runs of that tool alone, divided by the number of runs.
+fn requests_per_run(bench: &mut Bench, lw: &[OsString], ec: &[OsString]) -> String {
+    let mut per_tool = Vec::new();
+    for (label, argv) in [("leasewrap", lw), ("etcdctl", ec)] {
+        let before = bench.scrape();
+        for _ in 0..COUNTED_RUNS {
+            bench.procs.timed(argv, label);
+        }
+        let delta = bench.scrape().counters_since(&before);
+        per_tool.push(delta);
+    }
+    let keys: std::collections::BTreeSet<&String> =
+        per_tool.iter().flat_map(|d| d.keys()).collect();
+    let mut lines = vec![
+        format!(
+            "What one uncontended `-- true` asks of etcd (its /metrics over {COUNTED_RUNS} runs of \
+             each tool alone, per run):"
+        ),
+        String::new(),
+        "| etcd counter, per run | leasewrap | etcdctl lock |".into(),
+        "|---|---|---|".into(),
+    ];
+    for k in keys {
+        let at = |i: usize| per_tool[i].get(k).copied().unwrap_or(0.0) / COUNTED_RUNS as f64;
+        lines.push(format!("| `{k}` | {:.2} | {:.2} |", at(0), at(1)));
+    }
+    lines.join("\n")
 }
 
 /// Figure 2: `-- true` on the local backend against `flock(1)` on the same lock file.
