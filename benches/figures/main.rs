@@ -138,18 +138,7 @@ fn run(opts: &Options) -> ExitCode {
     } else {
         Sizes::FULL
     };
-    let mut bench = Bench::new(sizes, binary);
-    let mut figures = Vec::new();
-    for (number, what, measure) in FIGURES {
-        if opts.only.contains(&number) {
-            println!("[{number}] {what}");
-            let started = std::time::Instant::now();
-            figures.push(measure(&mut bench));
-            bench.sweep();
-            println!("    done in {:.1} s", started.elapsed().as_secs_f64());
-        }
-    }
-    drop(bench);
+    let figures = measure(Bench::new(sizes, binary), &opts.only);
     machine.finish();
     report::print(&figures);
     for line in machine.lines() {
@@ -177,6 +166,21 @@ fn run(opts: &Options) -> ExitCode {
         println!("wrote {}", path.display());
     }
     ExitCode::SUCCESS
+}
+
+/// Runs the figures named in `only`, in table order; drops the bench (etcd and all) at the end.
+fn measure(mut bench: Bench, only: &[u32]) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for (number, what, measure) in FIGURES {
+        if only.contains(&number) {
+            println!("[{number}] {what}");
+            let started = std::time::Instant::now();
+            figures.push(measure(&mut bench));
+            bench.sweep();
+            println!("    done in {:.1} s", started.elapsed().as_secs_f64());
+        }
+    }
+    figures
 }
 
 /// `cargo build --release`, so that the binary measured is the release build (cargo bench

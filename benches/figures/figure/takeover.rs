@@ -74,25 +74,37 @@ fn report(ttl: u32, lw: &[Takeover], ec: &[Takeover]) -> (Row, String) {
         .set("worst_over_ttl_s", worst.map(|w| w - f64::from(ttl)))
         .set("orphans", Some(orphans(lw) as f64))
     };
+    (row, note(ttl, lw, ec))
+}
+
+fn note(ttl: u32, lw: &[Takeover], ec: &[Takeover]) -> String {
     let all: Vec<&Takeover> = lw.iter().chain(ec).collect();
-    let note =
-        format!(
+    format!(
         "Takeover TTL {ttl} s measured from the kill instant instead: leasewrap {}; etcdctl {}. \
          The holder was killed {} after its last renewal (both tools). leasewrap's old child died \
          {} after the kill (its watchdog saw leasewrap's socket close); etcdctl's old children \
          still running when the new child started: {}/{}.",
         dist(&lw.iter().map(|r| r.from_kill).collect::<Vec<_>>(), "s", 3),
         dist(&ec.iter().map(|r| r.from_kill).collect::<Vec<_>>(), "s", 3),
-        dist(&all.iter().filter_map(|r| r.kill_after_renewal).collect::<Vec<_>>(), "s", 3),
         dist(
-            &lw.iter().filter_map(|r| r.old_exit_after_kill.map(|s| s * 1e3)).collect::<Vec<_>>(),
+            &all.iter()
+                .filter_map(|r| r.kill_after_renewal)
+                .collect::<Vec<_>>(),
+            "s",
+            3
+        ),
+        dist(
+            &lw.iter()
+                .filter_map(|r| r.old_exit_after_kill.map(|s| s * 1e3))
+                .collect::<Vec<_>>(),
             "ms",
             2
         ),
-        ec.iter().filter(|r| r.old_exit_after_kill.is_none()).count(),
+        ec.iter()
+            .filter(|r| r.old_exit_after_kill.is_none())
+            .count(),
         ec.len()
-    );
-    (row, note)
+    )
 }
 
 fn once(bench: &mut Bench, tool: Tool, name: &str, ttl: u32) -> Takeover {
