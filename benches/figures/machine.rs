@@ -4,26 +4,43 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::bench::FLOCK;
 use super::procs::CHILD_PATH;
 use super::support::etcd::Version;
 
-/// A 1-minute load below this when the run begins counts as a quiet machine.
-pub const QUIET_LOAD: f64 = 0.7;
+/// A machine whose CPUs were busier than this share, over `QUIET_SAMPLE` just before the run,
+/// is not quiet. (The load average lags by minutes: right after the build it is still high.)
+pub const QUIET_BUSY: f64 = 0.10;
+
+/// How long the CPUs are watched to judge whether the machine is quiet.
+pub const QUIET_SAMPLE: Duration = Duration::from_secs(5);
 
 pub struct Machine {
     facts: Vec<String>,
     started: Instant,
     load_start: String,
+    /// Share of all CPUs busy over `QUIET_SAMPLE` before the run.
+    busy_before: f64,
     busy_start: (u64, u64),
     /// Set by `finish`.
     end: Vec<String>,
 }
 
 impl Machine {
-    pub fn start(binary: &Path, root: &Path) -> Machine {
+    /// Waits up to `wait` for a quiet machine (none: judges it once), then notes the facts.
+    pub fn start(binary: &Path, root: &Path, wait: Duration) -> Machine {
+        let deadline = Instant::now() + wait;
+        let mut busy_before = busy_over(QUIET_SAMPLE);
+        while busy_before >= QUIET_BUSY && Instant::now() < deadline {
+            println!(
+                "machine {:.0} % busy, waiting for < {:.0} %",
+                busy_before * 100.0,
+                QUIET_BUSY * 100.0
+            );
+            busy_before = busy_over(QUIET_SAMPLE);
+        }
         let cpu = first_line_with("/proc/cpuinfo", "model name")
             .and_then(|l| Some(l.split_once(':')?.1.trim().to_owned()))
             .unwrap_or_else(|| "?".into());
@@ -48,6 +65,7 @@ impl Machine {
             facts,
             started: Instant::now(),
             load_start: loadavg(),
+            busy_before,
             busy_start: cpu_busy(),
             end: Vec::new(),
         }
@@ -56,12 +74,7 @@ impl Machine {
     pub fn finish(&mut self) {
         let (busy, total) = cpu_busy();
         let share = (busy - self.busy_start.0) as f64 / (total - self.busy_start.1).max(1) as f64;
-        let quiet = self
-            .load_start
-            .split_whitespace()
-            .next()
-            .and_then(|l| l.parse::<f64>().ok())
-            .is_some_and(|l| l < QUIET_LOAD);
+        let quiet = self.busy_before < QUIET_BUSY;
         let date = Command::new("date").args(["-u", "+%F %T UTC"]).output();
         let date = date.map_or_else(
             |_| "?".into(),
@@ -83,11 +96,13 @@ impl Machine {
             ),
             format!(
                 "quiet machine: {}",
-                if quiet {
-                    format!("yes: the 1-minute load was below {QUIET_LOAD} when the run began")
-                } else {
-                    format!("NO: the 1-minute load was at or above {QUIET_LOAD} when the run began")
-                }
+                format!(
+                    "{}: all CPUs {:.0} % busy over the {} s before the run (quiet: below {:.0} %)",
+                    if quiet { "yes" } else { "NO" },
+                    self.busy_before * 100.0,
+                    QUIET_SAMPLE.as_secs(),
+                    QUIET_BUSY * 100.0
+                )
             ),
         ];
     }
@@ -159,6 +174,14 @@ pub fn loadavg() -> String {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The share of all CPUs busy over the next `span`.
+fn busy_over(span: Duration) -> f64 {
+    let (b0, t0) = cpu_busy();
+    std::thread::sleep(span); // the sample itself
+    let (b1, t1) = cpu_busy();
+    (b1 - b0) as f64 / (t1 - t0).max(1) as f64
 }
 
 /// Busy and total jiffies of all CPUs since boot.

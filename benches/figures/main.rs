@@ -7,6 +7,7 @@
 //!     cargo bench -- --quick          small sizes, for development (about 1.5 minutes)
 //!     cargo bench -- --only 1,3       some figures
 //!     cargo bench -- --output FILE    any run's report, written to FILE in BENCHMARKS.md's form
+//!     cargo bench -- --wait-quiet 600 first wait up to 10 minutes for the CPUs to be idle
 //!
 //! `cargo test --all-targets` builds this target and runs it without `--bench`: it then measures
 //! nothing. Its statistics are unit-tested in the integration test binary (tests/it/main.rs).
@@ -38,6 +39,7 @@ mod stats;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use bench::{Bench, Sizes};
 use report::Figure;
@@ -68,6 +70,8 @@ struct Options {
     output: Option<PathBuf>,
     build: bool,
     only: Vec<u32>,
+    /// How long to wait for a quiet machine before measuring.
+    wait_quiet: Duration,
 }
 
 fn main() -> ExitCode {
@@ -92,6 +96,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         output: None,
         build: true,
         only: FIGURES.iter().map(|f| f.0).collect(),
+        wait_quiet: Duration::ZERO,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -101,6 +106,11 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--write" => opts.output = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
             "--output" => opts.output = Some(it.next().ok_or("--output needs a file")?.into()),
             "--no-build" => opts.build = false,
+            "--wait-quiet" => {
+                let secs = it.next().ok_or("--wait-quiet needs seconds")?;
+                let secs: u64 = secs.parse().map_err(|_| format!("--wait-quiet {secs}: not seconds"))?;
+                opts.wait_quiet = Duration::from_secs(secs);
+            }
             "--only" => {
                 let list = it.next().ok_or("--only needs a list such as 1,3")?;
                 let only: Result<Vec<u32>, _> = list.split(',').map(str::parse).collect();
@@ -109,7 +119,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other} (known: --quick, --write, --output FILE, --only LIST, --no-build)"
+                    "unknown argument {other} (known: --quick, --write, --output FILE, --only LIST, --no-build, --wait-quiet SECS)"
                 ))
             }
         }
@@ -132,7 +142,7 @@ fn run(opts: &Options) -> ExitCode {
         build_release(&root);
     }
     raise_fd_limit();
-    let mut machine = machine::Machine::start(&binary, &root);
+    let mut machine = machine::Machine::start(&binary, &root, opts.wait_quiet);
     let sizes = if opts.quick {
         Sizes::QUICK
     } else {
