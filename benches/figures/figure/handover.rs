@@ -83,25 +83,46 @@ pub fn figure(bench: &mut Bench) -> Figure {
     }
 }
 
+/// A piece of a handover, and how to get it from one handover's gaps.
+type Piece = (&'static str, fn(&Gaps) -> f64);
+
 fn how(lw: &Series, ec: &Series, n: usize) -> String {
-    let part = |s: &Series, f: fn(&Gaps) -> f64| dist(&s.of(f), "ms", 2);
-    format!(
-        "Handover, both measures from the same {n} handovers per tool. Exec to exit: from the \
-         holder's child's exit (its pidfd turns readable) to the waiter's child's execve (inotify \
-         IN_OPEN on its binary). Write to write: from the holder's child's last write (it is `cat` \
-         of a FIFO: the harness writes one line, then closes it) to the waiter's child's first \
-         write (`echo`), both seen as IN_MODIFY on the file its stdout goes to; every instant is \
-         stamped when the harness wakes in poll(). The parts that only the write measure holds: \
-         the holder's child's last write → its exit, leasewrap {}, etcdctl {}; the waiter's \
-         child's exec → its first write, leasewrap {}, etcdctl {}. Handovers with two of their \
-         events stamped by one wakeup (a gap then counts as ~0): leasewrap {}, etcdctl {}.",
-        part(lw, |g| g.write_to_exit),
-        part(ec, |g| g.write_to_exit),
-        part(lw, |g| g.exec_to_write),
-        part(ec, |g| g.exec_to_write),
-        lw.together,
-        ec.together
-    )
+    let med = |s: &Series, f: fn(&Gaps) -> f64| {
+        median(&s.of(f)).map_or("—".into(), |m| format!("{m:.2} ms"))
+    };
+    let pieces: [Piece; 4] = [
+        ("holder's child's last write → its exit", |g| {
+            g.write_to_exit
+        }),
+        (
+            "holder's child's exit → waiter's child's execve (exec to exit)",
+            |g| g.exec,
+        ),
+        ("waiter's child's execve → its first write", |g| {
+            g.exec_to_write
+        }),
+        ("last write → first write (write to write)", |g| g.write),
+    ];
+    let mut lines = vec![
+        format!(
+            "Handover, both measures from the same {n} handovers per tool. Exec to exit: from the \
+             holder's child's exit (its pidfd turns readable) to the waiter's child's execve \
+             (inotify IN_OPEN on its binary). Write to write: from the holder's child's last write \
+             (it is `cat` of a FIFO: the harness writes one line, then closes it) to the waiter's \
+             child's first write (`echo`), both seen as IN_MODIFY on the file its stdout goes to. \
+             Every instant is stamped when the harness wakes in poll(); handovers with two \
+             successive events stamped by one wakeup (that gap then counts as 0): leasewrap {}, \
+             etcdctl {}. The pieces, medians of each:",
+            lw.together, ec.together
+        ),
+        String::new(),
+        "| piece of the handover | leasewrap | etcdctl lock |".into(),
+        "|---|---|---|".into(),
+    ];
+    for (what, f) in pieces {
+        lines.push(format!("| {what} | {} | {} |", med(lw, f), med(ec, f)));
+    }
+    lines.join("\n")
 }
 
 fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps {
@@ -138,8 +159,8 @@ fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps 
         tool.name(),
         got.keys()
     );
-    let ev = &bench.events;
-    if ev.together(EXIT, Child::Next.label()) || ev.together(LAST_WRITE, FIRST_WRITE) {
+    let chain = [LAST_WRITE, EXIT, Child::Next.label(), FIRST_WRITE];
+    if chain.windows(2).any(|w| bench.events.together(w[0], w[1])) {
         series.together += 1;
     }
     bench.procs.finish(&[holder, waiter], START_BOUND, 0);
