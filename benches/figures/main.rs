@@ -49,8 +49,12 @@ type Measure = fn(&mut Bench) -> Figure;
 
 /// The figures by number, as `--only` names them.
 const FIGURES: [(u32, &str, Measure); 9] = [
-    (1, "-- true on etcd", figure::whole_run::on_etcd),
-    (2, "-- true on the local backend", figure::whole_run::local),
+    (1, "-- true on etcd", figure::true_etcd::figure),
+    (
+        2,
+        "-- true on the local backend",
+        figure::true_local::figure,
+    ),
     (3, "handover", figure::handover::figure),
     (4, "takeover after SIGKILL", figure::takeover::figure),
     (
@@ -61,7 +65,7 @@ const FIGURES: [(u32, &str, Measure); 9] = [
     (6, "memory", figure::memory::figure),
     (7, "waiters on one lease", figure::waiters::figure),
     (8, "leases held at once", figure::many::figure),
-    (9, "--once", figure::whole_run::once),
+    (9, "--once", figure::once::figure),
 ];
 
 struct Options {

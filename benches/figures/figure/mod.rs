@@ -3,7 +3,10 @@
 pub mod handover;
 pub mod many;
 pub mod memory;
+pub mod once;
 pub mod overlap;
 pub mod takeover;
+pub mod true_etcd;
+pub mod true_local;
 pub mod waiters;
 pub mod whole_run;
