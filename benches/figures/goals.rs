@@ -1,7 +1,8 @@
 //! The goals, each written once, as data: the report prints its text from the same entry it
 //! judges the row's number with.
-
-use super::report::Row;
+//!
+//! Pure data and two functions of it, so `cargo test` checks them (the integration test binary
+//! compiles this file too).
 
 /// How a goal's number is written.
 #[derive(Clone, Copy, Debug)]
@@ -122,8 +123,9 @@ impl Goal {
         format!("{body} ({})", self.from)
     }
 
-    pub fn judge(&self, row: &Row) -> Verdict {
-        let Some(v) = row.value(self.value) else {
+    /// Judges `value`, the row's number named `self.value` (None: the row does not have it).
+    pub fn judge(&self, value: Option<f64>) -> Verdict {
+        let Some(v) = value else {
             return Verdict::NotMeasured;
         };
         let met = match self.bound {
@@ -141,4 +143,53 @@ impl Goal {
 /// The goals of row `id`, in table order.
 pub fn of(id: &str) -> impl Iterator<Item = &'static Goal> + '_ {
     GOALS.iter().filter(move |g| g.row == id)
+}
+
+#[cfg(test)]
+mod tests {
+    // A `harness = false` bench compiles this module too (with --cfg test), without its #[test]
+    // functions: what only they use is unused there.
+    #![allow(unused_imports, dead_code)]
+
+    use super::*;
+
+    #[test]
+    fn a_goal_reads_as_its_bound_unit_and_source() {
+        let text = |row| of(row).map(Goal::text).collect::<Vec<_>>();
+        assert_eq!(text("true-etcd"), ["≤ 0.4 × etcdctl (SPEC §11)"]);
+        assert_eq!(
+            text("true-local"),
+            ["≤ 2 × flock (SPEC §11)", "≤ 1.5 × flock (issue 13)"]
+        );
+        assert_eq!(text("many"), ["< 0.1 % of a core (SPEC §11)"]);
+        assert_eq!(
+            text("takeover-2"),
+            ["≤ TTL + 0.6 s (SPEC §11)", "0 orphans (SPEC §11)"]
+        );
+        assert_eq!(text("overlap-stop"), ["0 ms (SPEC §11)"]);
+        assert!(text("no-such-row").is_empty());
+    }
+
+    #[test]
+    fn at_most_includes_its_bound_and_below_excludes_it() {
+        let at_most = goal("r", "v", AtMost(2.0), Ms);
+        assert_eq!(at_most.judge(Some(2.0)), Verdict::Met);
+        assert_eq!(at_most.judge(Some(2.01)), Verdict::Missed);
+        let below = goal("r", "v", Below(0.1), CorePercent);
+        assert_eq!(below.judge(Some(0.099)), Verdict::Met);
+        assert_eq!(below.judge(Some(0.1)), Verdict::Missed);
+    }
+
+    #[test]
+    fn a_missing_value_is_not_measured_rather_than_met() {
+        assert_eq!(GOALS[0].judge(None), Verdict::NotMeasured);
+        assert_eq!(Verdict::NotMeasured.word(), "not measured");
+    }
+
+    #[test]
+    fn every_goal_has_a_row_and_a_value_name() {
+        for g in GOALS {
+            assert!(!g.row.is_empty() && !g.value.is_empty(), "{}", g.text());
+        }
+    }
 }

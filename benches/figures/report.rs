@@ -71,7 +71,9 @@ impl Row {
     }
 
     fn verdicts(&self) -> Vec<Verdict> {
-        goals::of(self.id).map(|g| g.judge(self)).collect()
+        goals::of(self.id)
+            .map(|g| g.judge(self.value(g.value)))
+            .collect()
     }
 
     fn verdict_words(&self) -> String {
@@ -97,8 +99,15 @@ pub fn missed(figures: &[Figure]) -> Vec<String> {
     let rows = figures.iter().flat_map(|f| &f.rows);
     rows.flat_map(|row| {
         goals::of(row.id)
-            .filter(|g| g.judge(row) != Verdict::Met)
-            .map(|g| format!("{}: {} {}", row.figure, g.text(), g.judge(row).word()))
+            .filter(|g| g.judge(row.value(g.value)) != Verdict::Met)
+            .map(|g| {
+                format!(
+                    "{}: {} {}",
+                    row.figure,
+                    g.text(),
+                    g.judge(row.value(g.value)).word()
+                )
+            })
     })
     .collect()
 }
@@ -112,7 +121,11 @@ pub fn print(figures: &[Figure]) {
         println!("    baseline:  {}", row.baseline);
         println!("    ratio {}", stats::show_ratio(row.ratio));
         for g in goals::of(row.id) {
-            println!("    goal {}: {}", g.text(), g.judge(row).word());
+            println!(
+                "    goal {}: {}",
+                g.text(),
+                g.judge(row.value(g.value)).word()
+            );
         }
     }
     println!();

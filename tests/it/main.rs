@@ -12,13 +12,16 @@
 //! - `operating`: `status`, sd_notify, JSON logs.
 //! - `security`: hostile state directories, fence files, temp names and lease names.
 //! - `secrets`: what processes of the same user learn of a password; warnings about passwords.
-//! - `bench_stats`, `bench_prom`: the benchmarks' statistics and /metrics parsing.
+//! - `bench_goals`, `bench_stats`, `bench_prom`: the benchmarks' goals, statistics, /metrics parsing.
 
 #[path = "../support/mod.rs"]
 mod support;
 
-// The benchmarks' statistics and /metrics parsing (benches/figures), whose unit tests run here:
+// The benchmarks' goals table, statistics and /metrics parsing (benches/figures), whose unit
+// tests run here:
 // a `harness = false` bench has no test runner.
+#[path = "../../benches/figures/goals.rs"]
+mod bench_goals;
 #[path = "../../benches/figures/prom.rs"]
 mod bench_prom;
 #[path = "../../benches/figures/stats.rs"]
