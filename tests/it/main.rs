@@ -18,8 +18,7 @@
 mod support;
 
 // The benchmarks' goals table, statistics and /metrics parsing (benches/figures), whose unit
-// tests run here:
-// a `harness = false` bench has no test runner.
+// tests run here: a `harness = false` bench has no test runner.
 #[path = "../../benches/figures/goals.rs"]
 mod bench_goals;
 #[path = "../../benches/figures/prom.rs"]
