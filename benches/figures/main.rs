@@ -2,9 +2,9 @@
 //! and `flock(1)`, interleaved run by run, on the tests' own harness (tests/support: the etcd
 //! launcher and the fault proxy).
 //!
-//!     cargo bench                     every figure, printed (about 5 minutes)
+//!     cargo bench                     every figure, printed (about 4 minutes, plus the builds)
 //!     cargo bench -- --write          the same, then rewrites BENCHMARKS.md
-//!     cargo bench -- --quick          small sizes, for development (about 1.5 minutes)
+//!     cargo bench -- --quick          small sizes, for development (about 1 minute)
 //!     cargo bench -- --only 1,3       some figures
 //!     cargo bench -- --output FILE    any run's report, written to FILE in BENCHMARKS.md's form
 //!     cargo bench -- --wait-quiet 600 first wait up to 10 minutes for the CPUs to be idle
