@@ -1,14 +1,14 @@
 //! Figure 2: `-- true` on the local backend against `flock(1)` on the same lock file, and what
 //! one fdatasync costs there.
 
-use std::fs::OpenOptions;
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::whole_run::{alternate, Run};
-use crate::bench::{os, Bench, FLOCK};
+use crate::bench::{os, Bench, FLOCK, START_BOUND};
 use crate::report::{Figure, Row};
 use crate::stats::{self, dist, median};
 
@@ -46,10 +46,84 @@ pub fn figure(bench: &mut Bench) -> Figure {
         "fdatasync of a 2-byte rewrite in the local dir: {}.",
         dist(&fsync_cost(&dir), "ms", 3)
     );
+    let split = split(bench, &dir);
     Figure {
         rows: vec![row],
-        notes: vec![fsync],
+        notes: vec![fsync, split],
     }
+}
+
+const LW_EXEC: &str = "split-leasewrap";
+const TRUE_EXEC: &str = "split-true";
+const LW_EXIT: &str = "split-exit";
+
+/// Where a local `-- true` spends its time: a private copy of leasewrap runs a private copy of
+/// `true`, so inotify sees leasewrap's execve, its watchdog's (leasewrap re-executes
+/// /proc/self/exe, the copy) and the child's; the exit is leasewrap's pidfd.
+fn split(bench: &mut Bench, dir: &Path) -> String {
+    let bin = bench.path("split");
+    fs::create_dir(&bin).expect("create the split dir");
+    let (lw, child) = (bin.join("leasewrap"), bin.join("true"));
+    fs::copy(&bench.lw, &lw).expect("copy leasewrap");
+    fs::copy("/bin/true", &child).expect("copy true");
+    bench.events.watch_exec(&lw, LW_EXEC);
+    bench.events.watch_exec(&child, TRUE_EXEC);
+    let argv = os(&[
+        lw.as_os_str(),
+        "--local-dir".as_ref(),
+        dir.as_os_str(),
+        "--name".as_ref(),
+        "split".as_ref(),
+        "--".as_ref(),
+        child.as_os_str(),
+    ]);
+    let mut pieces: [Vec<f64>; 4] = Default::default();
+    let mut no_watchdog_exec = 0;
+    for _ in 0..bench.sizes.n {
+        bench.events.reset();
+        let spawned = Instant::now();
+        let pid = bench.procs.spawn(&argv, "split", None);
+        bench.events.watch_exit(pid, LW_EXIT);
+        let got = bench.events.wait_all(&[TRUE_EXEC, LW_EXIT], START_BOUND);
+        assert_eq!(got.len(), 2, "split: saw only {:?}", got.keys());
+        bench.procs.finish(&[pid], START_BOUND, 0);
+        let started = bench
+            .events
+            .wait_for(LW_EXEC, Duration::ZERO)
+            .unwrap_or(spawned);
+        let watchdog = bench
+            .events
+            .wait_for(LW_EXEC, Duration::ZERO)
+            .filter(|w| *w <= got[TRUE_EXEC]);
+        no_watchdog_exec += usize::from(watchdog.is_none());
+        let watchdog = watchdog.unwrap_or(started);
+        let marks = [spawned, started, watchdog, got[TRUE_EXEC], got[LW_EXIT]];
+        for (k, w) in marks.windows(2).enumerate() {
+            pieces[k].push(w[1].duration_since(w[0]).as_secs_f64() * 1e3);
+        }
+    }
+    let med = |v: &[f64]| median(v).map_or("—".into(), |m| format!("{m:.2} ms"));
+    let names = [
+        "the harness's fork and exec → leasewrap's execve",
+        "→ the watchdog's execve",
+        "→ the child's execve",
+        "→ leasewrap's exit",
+    ];
+    let mut lines = vec![
+        format!(
+            "Where a local `-- true` spends its time ({} runs of a private copy of leasewrap, \
+             started by fork, so the first piece is slower than posix_spawn; inotify sees each \
+             execve of the copy and of its child; runs with no watchdog execve seen: {no_watchdog_exec}):",
+            bench.sizes.n
+        ),
+        String::new(),
+        "| piece (medians) | time |".into(),
+        "|---|---|".into(),
+    ];
+    for (name, v) in names.iter().zip(&pieces) {
+        lines.push(format!("| {name} | {} |", med(v)));
+    }
+    lines.join("\n")
 }
 
 fn fsync_cost(dir: &Path) -> Vec<f64> {
