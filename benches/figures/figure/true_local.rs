@@ -102,6 +102,10 @@ fn split(bench: &mut Bench, dir: &Path) -> String {
             pieces[k].push(w[1].duration_since(w[0]).as_secs_f64() * 1e3);
         }
     }
+    split_note(&pieces, no_watchdog_exec)
+}
+
+fn split_note(pieces: &[Vec<f64>; 4], no_watchdog_exec: usize) -> String {
     let med = |v: &[f64]| median(v).map_or("—".into(), |m| format!("{m:.2} ms"));
     let names = [
         "the harness's fork and exec → leasewrap's execve",
@@ -114,13 +118,13 @@ fn split(bench: &mut Bench, dir: &Path) -> String {
             "Where a local `-- true` spends its time ({} runs of a private copy of leasewrap, \
              started by fork, so the first piece is slower than posix_spawn; inotify sees each \
              execve of the copy and of its child; runs with no watchdog execve seen: {no_watchdog_exec}):",
-            bench.sizes.n
+            pieces[0].len()
         ),
         String::new(),
         "| piece (medians) | time |".into(),
         "|---|---|".into(),
     ];
-    for (name, v) in names.iter().zip(&pieces) {
+    for (name, v) in names.iter().zip(pieces) {
         lines.push(format!("| {name} | {} |", med(v)));
     }
     lines.join("\n")
