@@ -351,41 +351,11 @@ fn max_attempts_2_gives_up_after_two_failed_runs(on: On) {
 
 fn max_runtime_stops_a_tree_that_ignores_sigterm_and_forks_a_daemon(on: On) {
     let fleet = Fleet::new(on, "runtime");
-    let sb = &fleet.sandbox;
-    let daemon = sb.script(
-        "daemon.sh",
-        &format!(
-            "trap '' TERM\n{}\nexec sleep 60",
-            atomically("echo $$", &sb.path("daemon.pid"))
-        ),
-    );
-    let child = sb.script(
-        "child.sh",
-        &format!(
-            "setsid sh -c '\"$0\" &' {} </dev/null >/dev/null 2>&1\ntrap '' TERM\n{}\nwhile :; do sleep 0.05; done",
-            q(&daemon),
-            atomically("echo $$", &sb.path("child.pid")),
-        ),
-    );
-    let args = [
-        "--max-runtime",
-        "1s",
-        "--kill-after",
-        "300ms",
-        "--once",
-        "k",
-    ];
-    let mut run = fleet
-        .lw()
-        .args(&args)
-        .cmd(&[child.to_str().unwrap()])
-        .spawn();
-    let child = read_pid(&sb.path("child.pid"), STARTUP);
-    let daemon = read_pid(&sb.path("daemon.pid"), STARTUP);
-    let _guard = KillOnDrop(vec![child, daemon]);
+    let lw = fleet.lw().args(&["--max-runtime", "1s", "--once", "k"]);
+    let mut tree = start_tree(&fleet.sandbox, lw);
     let started = Instant::now();
-    run.wait_timeout(RUN_BOUND);
-    assert_exit(&run, 123);
+    tree.leasewrap.wait_timeout(RUN_BOUND);
+    assert_exit(&tree.leasewrap, 123);
     let took = started.elapsed();
     assert!(
         took >= Duration::from_millis(900),
@@ -393,12 +363,13 @@ fn max_runtime_stops_a_tree_that_ignores_sigterm_and_forks_a_daemon(on: On) {
     );
     // The bound: the tree is gone within kill-after + 1 s of --max-runtime.
     assert!(
-        took < Duration::from_millis(1000 + 300 + 1000),
+        took < Duration::from_secs(1) + TREE_KILL_AFTER + Duration::from_secs(1),
         "took {took:?}"
     );
     // The tree is reaped before leasewrap exits: nothing may be left by now.
-    assert_all_die_within(Duration::ZERO, &[("child", child), ("daemon", daemon)]);
-    assert!(run.stderr().contains("--max-runtime"), "{}", run.stderr());
+    tree.assert_gone_within(Duration::ZERO);
+    let stderr = tree.leasewrap.stderr();
+    assert!(stderr.contains("--max-runtime"), "{stderr}");
     assert_eq!(fleet.record("k").unwrap()["outcome"], "timed-out");
     fleet.assert_lease_free();
 }

@@ -8,9 +8,11 @@ pub mod etcd;
 mod job;
 pub mod proxy;
 pub mod stallfs;
+mod tree;
 pub mod user;
 
 pub use job::{Job, Marks};
+pub use tree::{start_tree, TREE_KILL_AFTER};
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
