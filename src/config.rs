@@ -668,40 +668,6 @@ mod tests {
     }
 
     #[test]
-    fn once_options_with_bad_values_are_usage_errors() {
-        let long = "k".repeat(129);
-        let cases: &[&[&str]] = &[
-            &["--once", ""],
-            &["--once", "a/b"],
-            &["--once", "bell\u{7}"],
-            &["--once", &long],
-            &["--once-per", "0"],
-            &["--once-per", "-1s"],
-            &["--once-per", "500ms"],
-            &["--once", "k", "--once-per", "1h"],
-            &["--once", "k", "--max-attempts", "0"],
-            &["--max-attempts", "2"],
-            &["--once", "k", "--keep", "0"],
-            &["--max-runtime", "0"],
-            &["--max-runtime", "1s", "--kill-after", "1s"],
-            &["--metrics-file", "/nonexistent/dir/job.prom"],
-            &["--metrics-file", "/tmp/"],
-        ];
-        for extra in cases {
-            let args: Vec<&str> = ["--local-dir", "/tmp"]
-                .iter()
-                .chain(extra.iter())
-                .chain(["--", "true"].iter())
-                .copied()
-                .collect();
-            assert!(
-                matches!(parse(&args, &[]), Err(Error::Usage(_))),
-                "{extra:?}"
-            );
-        }
-    }
-
-    #[test]
     fn once_per_gives_a_slot_key_and_keep_defaults_to_seven_days() {
         let c = parse(
             &["--local-dir", "/tmp", "--once-per", "1h", "--", "true"],

@@ -422,9 +422,12 @@ fn bad_once_input_exits_64_with_one_line_and_acquires_nothing(on: On) {
         &["--once-per", "500ms"],
         &["--once", "k", "--once-per", "1h"],
         &["--once", "k", "--max-attempts", "0"],
+        &["--max-attempts", "2"],
+        &["--once", "k", "--keep", "0"],
         &["--max-runtime", "0"],
         &["--max-runtime", "1s", "--kill-after", "1s"],
         &["--metrics-file", "/nonexistent/dir/job.prom"],
+        &["--metrics-file", "/tmp/"],
     ];
     for case in cases {
         let out = fleet.lw().args(case).cmd(&fleet.job("ran", 0)).output();
