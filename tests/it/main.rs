@@ -11,6 +11,7 @@
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
 //! - `security`: hostile state directories, fence files, temp names and lease names.
+//! - `shape`: the code's own shape (no function in src/ over 50 lines).
 //! - `secrets`: what processes of the same user learn of a password; warnings about passwords.
 //! - `bench_goals`, `bench_stats`, `bench_prom`: the benchmarks' goals, statistics, /metrics parsing.
 
@@ -35,3 +36,4 @@ mod once;
 mod operating;
 mod secrets;
 mod security;
+mod shape;
