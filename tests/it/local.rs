@@ -549,13 +549,7 @@ fn sigterm_to_the_watchdog_itself_stops_the_whole_tree_in_order() {
 /// child's pid was then, which pid the taker got, and whether the taker outlived leasewrap.
 fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
     let user = user::other();
-    let daemon = sb.script(
-        "daemon.sh",
-        &format!(
-            "trap '' TERM\n{}\nexec sleep 60",
-            atomically("echo $$", &sb.path("daemon.pid"))
-        ),
-    );
+    let daemon = daemon_script(sb);
     let child = sb.script(
         "child.sh",
         &format!(

@@ -12,7 +12,7 @@ mod tree;
 pub mod user;
 
 pub use job::{Job, Marks};
-pub use tree::{start_tree, TREE_KILL_AFTER};
+pub use tree::{daemon_script, start_tree, TREE_KILL_AFTER};
 
 use std::ffi::{OsStr, OsString};
 use std::fs;

@@ -2,7 +2,7 @@
 //! of its own, that ignores it too. Used by the tests of every way the tree must still die
 //! (leasewrap or the watchdog killed or stopped, --max-runtime).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
@@ -26,15 +26,20 @@ pub const TREE_KILL_AFTER: Duration = Duration::from_millis(500);
 /// kill-after + 1 s, as the spec promises for a SIGKILLed leasewrap or watchdog.
 const TREE_DEATH_BOUND: Duration = Duration::from_millis(1500);
 
-/// Starts `lw` (named, not yet given a command, nor --kill-after) on the tree.
-pub fn start_tree(sb: &Sandbox, lw: Leasewrap) -> Tree {
-    let daemon = sb.script(
+/// The daemon's script: it ignores SIGTERM, writes its pid to `daemon.pid` and sleeps.
+pub fn daemon_script(sb: &Sandbox) -> PathBuf {
+    sb.script(
         "daemon.sh",
         &format!(
             "trap '' TERM\n{}\nexec sleep 60",
             atomically("echo $$", &sb.path("daemon.pid"))
         ),
-    );
+    )
+}
+
+/// Starts `lw` (named, not yet given a command, nor --kill-after) on the tree.
+pub fn start_tree(sb: &Sandbox, lw: Leasewrap) -> Tree {
+    let daemon = daemon_script(sb);
     let child = sb.script(
         "child.sh",
         &format!(
