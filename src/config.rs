@@ -193,7 +193,7 @@ fn metrics_file(path: Option<&Path>) -> Result<Option<PathBuf>, Error> {
             "does not name a file (give one like /var/lib/node_exporter/textfile/job.prom)".into(),
         ));
     }
-    let dir = file::parent(path);
+    let dir = crate::files::parent(path);
     file::check_writable(path)
         .map_err(|e| bad(format!("cannot write in {}: {e}", dir.display())))?;
     Ok(Some(path.to_owned()))

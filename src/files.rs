@@ -74,10 +74,7 @@ impl Dir {
 
     /// The directory that holds `file` (following links on the way, as any path lookup does).
     pub fn containing(file: &Path) -> Result<Dir, Error> {
-        let path = match file.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
+        let path = parent(file);
         let fd = open_dir(&path, OFlag::O_DIRECTORY)
             .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         Ok(Dir { fd, path })
@@ -196,6 +193,14 @@ pub fn ensure_dir(path: &Path) -> Result<(), Error> {
         .mode(mode)
         .create(path)
         .map_err(|e| Error::Config(format!("--local-dir {}: {e}", path.display())))
+}
+
+/// The directory `path` is in (`.` for a bare file name).
+pub fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    }
 }
 
 fn open_dir(path: &Path, flags: OFlag) -> Result<OwnedFd, Errno> {

@@ -25,13 +25,7 @@ impl Replace {
     };
 }
 
-/// The directory `path` is in (`.` for a bare file name).
-pub fn parent(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    }
-}
+use crate::files::parent;
 
 /// The temp file a writer with our pid uses for `path`: hidden, and not ending like `path`, so
 /// that a collector reading `*.prom` or a lister of `*.json` skips it.
