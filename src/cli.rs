@@ -74,7 +74,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]
+    /// Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]
     #[arg(long, value_name = "DIR", env = "LEASEWRAP_LOCAL_DIR")]
     pub local_dir: Option<PathBuf>,
 
@@ -201,7 +201,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]
+    /// Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]
     #[arg(long, value_name = "DIR", env = "LEASEWRAP_LOCAL_DIR")]
     pub local_dir: Option<PathBuf>,
 

@@ -48,7 +48,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l key -d 'Client key 
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s n -l no-wait -d 'Fail at once if the lease is held'
@@ -68,7 +68,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l key -d 'C
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l json -d 'Print JSON for scripts'
