@@ -216,6 +216,15 @@ fn no_overlap_under(v: Version, fault: Fault, reach: Reach, label: &str) {
     s.through_the_fault(a_child);
     s.fault_off();
     let ending = s.ending(a_child);
+    // A holder that can reach only the faulty member has no member left to vouch for it: had
+    // it kept the lease, the fault never took effect and the scenario proved nothing.
+    if matches!(reach, Reach::Alone) {
+        assert!(
+            matches!(ending, Ending::TakenOver { .. }),
+            "{fault:?}: A, alone on the faulty member, kept its lease: the fault did not take effect\n{}",
+            s.a.run.stderr()
+        );
+    }
     s.b.release();
     // B may lose its lease to the resumed stale leader (etcd#15247): then it stops its child.
     let b_exit = s.b.wait(STARTUP).code();
