@@ -15,7 +15,6 @@
 
 use std::ffi::OsString;
 use std::fs::{self, File};
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -77,13 +76,6 @@ fn is_temp_of(name: &str, candidate: &str) -> bool {
         .strip_prefix(&format!(".{name}.fenced-write-"))
         .and_then(|rest| rest.strip_suffix(".tmp"))
         .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-/// 64 bits from the OS's randomness (std seeds each `RandomState` from getrandom).
-fn random_u64() -> u64 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(u64::from(std::process::id()));
-    hasher.finish()
 }
 
 /// DEST and the directory it is in.
@@ -293,7 +285,7 @@ impl Target {
     fn link(&self, temp: &Temp) -> Result<String, Error> {
         let proc_fd = format!("/proc/self/fd/{}", temp.file.as_raw_fd());
         for _ in 0..8 {
-            let name = temp_name(&self.name, random_u64());
+            let name = temp_name(&self.name, files::random_u64());
             let follow = AtFlags::AT_SYMLINK_FOLLOW;
             match nix::unistd::linkat(
                 nix::fcntl::AT_FDCWD,

@@ -195,6 +195,15 @@ pub fn ensure_dir(path: &Path) -> Result<(), Error> {
         .map_err(|e| Error::Config(format!("--local-dir {}: {e}", path.display())))
 }
 
+/// 64 bits from the OS's randomness (std seeds each `RandomState` from getrandom): temp-file
+/// names that another user cannot guess and plant ahead of us.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(u64::from(std::process::id()));
+    hasher.finish()
+}
+
 /// The directory `path` is in (`.` for a bare file name).
 pub fn parent(path: &Path) -> PathBuf {
     match path.parent() {

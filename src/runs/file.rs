@@ -25,43 +25,56 @@ impl Replace {
     };
 }
 
-use crate::files::parent;
+use crate::files::{parent, random_u64};
 
-/// The temp file a writer with our pid uses for `path`: hidden, and not ending like `path`, so
-/// that a collector reading `*.prom` or a lister of `*.json` skips it.
-pub fn temp_path(path: &Path) -> PathBuf {
+/// How many names [`create_temp`] tries before giving up: a clash with a planted or leftover
+/// file is all that makes one fail, and each try draws a new random name.
+const TEMP_TRIES: usize = 8;
+
+/// A temp file name for `path` with `random` in it: hidden, and not ending like `path`, so that
+/// a collector reading `*.prom` or a lister of `*.json` skips it; unguessable, so that another
+/// user who can write the directory cannot plant it ahead of us.
+fn temp_path(path: &Path, random: u64) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    parent(path).join(format!(".{name}.tmp-{}", std::process::id()))
+    parent(path).join(format!(".{name}.tmp-{random:016x}"))
 }
 
-/// Whether `file_name` is a temp file of [`temp_path`]'s making, by any pid.
+/// Whether `file_name` is a temp file of [`temp_path`]'s making.
 pub fn is_temp(file_name: &str) -> bool {
     file_name.starts_with('.')
         && file_name
             .rsplit_once(".tmp-")
-            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            .is_some_and(|(_, hex)| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// Create the temp file for `path` afresh, refusing to follow a symlink.
-fn create_temp(tmp: &Path) -> io::Result<File> {
-    // Ours from a killed earlier process with the same pid: under our name, so only ours.
-    let _ = fs::remove_file(tmp);
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(tmp)
+/// Create a new temp file for `path` under a fresh random name, never following a symlink and
+/// never reusing a file that exists (EEXIST: draw another name).
+fn create_temp(path: &Path) -> io::Result<(File, PathBuf)> {
+    let mut last = io::Error::from(ErrorKind::AlreadyExists);
+    for _ in 0..TEMP_TRIES {
+        let tmp = temp_path(path, random_u64());
+        let opened = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp);
+        match opened {
+            Ok(file) => return Ok((file, tmp)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
 }
 
 /// Replace `path` with `bytes` as `how` says.
 pub fn replace(path: &Path, bytes: &[u8], how: Replace) -> io::Result<()> {
-    let tmp = temp_path(path);
+    let (mut file, tmp) = create_temp(path)?;
     let written = (|| {
-        let mut file = create_temp(&tmp)?;
         file.write_all(bytes)?;
         if let Some(t) = how.mtime {
             file.set_modified(t)?;
@@ -83,8 +96,7 @@ pub fn replace(path: &Path, bytes: &[u8], how: Replace) -> io::Result<()> {
 
 /// Whether a file can be made beside `path` now: one is made and removed again.
 pub fn check_writable(path: &Path) -> io::Result<()> {
-    let tmp = temp_path(path);
-    create_temp(&tmp)?;
+    let (_, tmp) = create_temp(path)?;
     fs::remove_file(&tmp)
 }
 
@@ -143,23 +155,30 @@ mod tests {
     }
 
     #[test]
-    fn a_symlink_at_the_temp_name_is_not_written_through() {
+    fn temp_names_are_unguessable_and_a_file_planted_at_a_pid_name_is_left_alone() {
+        let path = Path::new("/d/x.prom");
+        assert_ne!(temp_path(path, random_u64()), temp_path(path, random_u64()));
+        // A name derived from our pid, as another user could guess it: neither removed (in a
+        // sticky directory that would fail, and block the write) nor written through.
         let dir = tempfile::tempdir().unwrap();
-        let victim = dir.path().join("victim");
-        fs::write(&victim, b"keep").unwrap();
-        let path = dir.path().join("x.json");
-        std::os::unix::fs::symlink(&victim, temp_path(&path)).unwrap();
+        let path = dir.path().join("x.prom");
+        let planted = dir
+            .path()
+            .join(format!(".x.prom.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(dir.path().join("victim"), &planted).unwrap();
         replace(&path, b"new", Replace::PLAIN).unwrap();
-        assert_eq!(fs::read(&victim).unwrap(), b"keep");
         assert_eq!(fs::read(&path).unwrap(), b"new");
+        assert!(fs::symlink_metadata(&planted).is_ok());
+        assert!(!dir.path().join("victim").exists());
     }
 
     #[test]
     fn temp_names_are_recognised() {
-        let t = temp_path(Path::new("/d/k.json"));
+        let t = temp_path(Path::new("/d/k.json"), 0xdead_beef);
         assert!(is_temp(&t.file_name().unwrap().to_string_lossy()));
         assert!(!is_temp("k.json"));
         assert!(!is_temp(".k.json.tmp-"));
+        assert!(!is_temp(".k.json.tmp-12345"));
         assert_eq!(read_nofollow(Path::new("/nonexistent/x")).unwrap(), None);
     }
 }

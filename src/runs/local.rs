@@ -151,7 +151,7 @@ mod tests {
         write(dir.path(), &old, || Ok(())).unwrap();
         let kept = record("kept", Duration::from_secs(3600));
         write(dir.path(), &kept, || Ok(())).unwrap();
-        let stale_temp = name_dir(dir.path(), "job").join(".x.json.tmp-999999");
+        let stale_temp = name_dir(dir.path(), "job").join(".x.json.tmp-00000000000f423f");
         fs::write(&stale_temp, b"half").unwrap();
         write(dir.path(), &record("new", Duration::from_secs(60)), || {
             Ok(())
