@@ -63,8 +63,8 @@ use crate::supervise::Exit;
 /// Parse `args`, run, and say how to exit. Every failure is logged as one line here.
 pub fn entry(args: Vec<OsString>) -> Exit {
     // Not readable or traceable by other processes of the same user, the child included:
-    // /proc/PID/environ may hold a password. The watchdog and the child exec, which makes
-    // them dumpable again; the watchdog then turns it off for itself.
+    // /proc/PID/environ may hold a password. The watchdog, forked, inherits it; the child
+    // execs, which makes it dumpable again.
     let _ = nix::sys::prctl::set_dumpable(false);
     unset_empty_clap_variables();
     let cli = match cli::Cli::try_parse_from(args) {
@@ -132,14 +132,14 @@ fn run_command(args: &cli::RunArgs) -> Exit {
         Err(e) => return fail(e, ExitCodes::default()),
     };
     forget_passwords();
-    match block_on(run::run(&cfg)) {
+    match run::run(&cfg) {
         Ok(exit) => exit,
         Err(e) => fail(e, cfg.codes),
     }
 }
 
 /// Run `fut` on a single-threaded runtime; a thread still blocked in flock does not delay exit.
-fn block_on<T>(
+pub(crate) fn block_on<T>(
     fut: impl std::future::Future<Output = Result<T, error::Error>>,
 ) -> Result<T, error::Error> {
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -1,13 +1,7 @@
-//! The binary: the hidden watchdog mode, or a run.
+//! The binary: a thin wrapper around `leasewrap::entry`.
 
 use std::process::ExitCode;
 
-use leasewrap::supervise::watchdog;
-
 fn main() -> ExitCode {
-    let args: Vec<_> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == watchdog::MODE) {
-        watchdog::main(args[2..].to_vec());
-    }
-    leasewrap::entry(args).finish()
+    leasewrap::entry(std::env::args_os().collect()).finish()
 }

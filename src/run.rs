@@ -16,7 +16,7 @@ use crate::notify::Notifier;
 use crate::runs::book::Book;
 use crate::status::Holder;
 use crate::supervise::protocol::ToWatchdog;
-use crate::supervise::{self, ChildSpec, Event, Exit, Supervisor};
+use crate::supervise::{self, ChildSpec, Event, Exit, Forked, Supervisor};
 
 /// The signals leasewrap forwards to the child (or that end a wait).
 struct Signals([SignalStream; 4]);
@@ -51,25 +51,37 @@ impl Signals {
     }
 }
 
-/// Run the child of `cfg` under its lease, and account for it (--once, --metrics-file).
-pub async fn run(cfg: &Config) -> Result<Exit, Error> {
-    let mut book = Book::open(cfg);
-    let ended = run_in(cfg, &mut book).await;
-    book.close(&ended);
-    ended
+/// Run the child of `cfg` under its lease, and account for it (--once, --metrics-file). The
+/// watchdog is forked first, while this is leasewrap's only thread; then the runtime starts.
+pub fn run(cfg: &Config) -> Result<Exit, Error> {
+    let watchdog = fork_watchdog(cfg);
+    crate::block_on(async {
+        let mut book = Book::open(cfg);
+        let ended = match watchdog {
+            Ok(watchdog) => run_in(cfg, &mut book, watchdog).await,
+            Err(e) => Err(e),
+        };
+        book.close(&ended);
+        ended
+    })
 }
 
-async fn run_in(cfg: &Config, book: &mut Book<'_>) -> Result<Exit, Error> {
+/// Find COMMAND (127 or 126 before anything is taken) and fork the watchdog, which then waits
+/// while the lease is taken.
+fn fork_watchdog(cfg: &Config) -> Result<Forked, Error> {
     let program = supervise::resolve(&cfg.command[0])?;
-    let mut signals = Signals::new()?;
-    let notifier = Notifier::from_env();
-    // The watchdog starts now and waits: its exec overlaps the work of taking the lease.
-    let mut sup = Supervisor::spawn(ChildSpec {
+    Supervisor::fork(ChildSpec {
         program: &program,
         argv: &cfg.command,
         env: base_env(),
         stop_signal: cfg.signal,
-    })?;
+    })
+}
+
+async fn run_in(cfg: &Config, book: &mut Book<'_>, watchdog: Forked) -> Result<Exit, Error> {
+    let mut sup = Supervisor::new(watchdog)?;
+    let mut signals = Signals::new()?;
+    let notifier = Notifier::from_env();
     let mut lessor = Lessor::connect(cfg).await?;
     notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let mut held = acquire(cfg, &mut lessor, &mut signals).await?;

@@ -13,9 +13,7 @@ pub mod watchdog;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -129,13 +127,59 @@ pub enum Event {
     WatchdogStopped { deadline_passed: bool },
 }
 
+/// The watchdog's process while it is ours to reap: reaped on drop, after the socket closed
+/// (a watchdog that never got its start ends then), so that nothing of ours outlives leasewrap.
+struct Process {
+    pid: Pid,
+    /// Whether it has been reaped, after which its pid may name a stranger.
+    reaped: bool,
+}
+
+impl Process {
+    /// SIGKILL; its pid stays ours until [`Process::wait`].
+    fn kill(&self) {
+        if !self.reaped {
+            let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
+        }
+    }
+
+    fn wait(&mut self) {
+        while !self.reaped {
+            match nix::sys::wait::waitpid(self.pid, None) {
+                Err(nix::errno::Errno::EINTR) => {}
+                // ECHILD: not ours to wait for any more.
+                _ => self.reaped = true,
+            }
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
+
+/// The watchdog, forked before the runtime exists and waiting for its start; driven from the
+/// runtime once it is a [`Supervisor`].
+pub struct Forked {
+    /// Our end of the socket to the watchdog (dropped first, so that a watchdog never started
+    /// ends before it is reaped).
+    socket: std::os::unix::net::UnixStream,
+    process: Process,
+    /// COMMAND as the user wrote it, to name it when it cannot be executed.
+    command: OsString,
+    /// The signal that starts an orderly stop.
+    stop_signal: Signal,
+}
+
 /// leasewrap's handle on the watchdog and, through it, the child.
 pub struct Supervisor {
     /// Our end of the socket to the watchdog.
     socket: UnixStream,
     /// Bytes of a frame read so far; reading is cancel-safe because it keeps them here.
     partial: Vec<u8>,
-    watchdog: Child,
+    watchdog: Process,
     /// The child's pid, which is its process group, once started.
     child: Option<Pid>,
     /// COMMAND as the user wrote it, to name it when it cannot be executed.
@@ -147,49 +191,52 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Start the watchdog, which waits for [`Supervisor::start`] to start the child. Started
-    /// before the lease is taken, so its exec overlaps the wait. Inside the tokio runtime.
-    pub fn spawn(spec: ChildSpec<'_>) -> Result<Self, Error> {
+    /// Fork the watchdog, which waits for [`Supervisor::start`] to start the child. Before the
+    /// lease is taken, so that the fork overlaps nothing the child waits for, and before the
+    /// tokio runtime or any other thread exists (see [`watchdog::fork`]).
+    pub fn fork(spec: ChildSpec<'_>) -> Result<Forked, Error> {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| Error::internal("becoming a subreaper", e))?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| Error::internal("making the watchdog socket", e))?;
-        let theirs = OwnedFd::from(theirs);
-        // The watchdog inherits its end: close-on-exec is cleared here, in the parent, for the
-        // moment of the spawn (nothing else in leasewrap starts processes), so that no pre_exec
-        // hook is needed and the spawn can use posix_spawn instead of fork.
-        nix::fcntl::fcntl(
-            &theirs,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-        )
-        .map_err(|e| Error::internal("making the watchdog socket", e))?;
-        // /proc/self/exe, not the path: it still runs this binary after an upgrade replaced the
-        // file while we waited for the lease.
-        let mut cmd = Command::new("/proc/self/exe");
-        cmd.arg0("leasewrap")
-            .arg(watchdog::MODE)
-            .arg(theirs.as_raw_fd().to_string())
-            .arg((spec.stop_signal as i32).to_string())
-            .arg("--")
-            .arg(spec.program)
-            .args(spec.argv)
-            .env_clear()
-            .envs(spec.env);
-        let watchdog = cmd
-            .spawn()
-            .map_err(|e| Error::internal("starting the watchdog", e))?;
-        drop(theirs);
-        ours.set_nonblocking(true)
+        let plan = watchdog::Plan {
+            socket: OwnedFd::from(theirs),
+            stop_signal: spec.stop_signal,
+            program: watchdog::Program {
+                path: spec.program.to_owned(),
+                argv: spec.argv.to_vec(),
+                env: spec.env,
+            },
+        };
+        // Returns only here, in leasewrap; the plan (the watchdog's end among it) is dropped.
+        let pid = watchdog::fork(plan).map_err(|e| Error::internal("forking the watchdog", e))?;
+        Ok(Forked {
+            socket: ours,
+            process: Process { pid, reaped: false },
+            command: spec.argv[0].clone(),
+            stop_signal: spec.stop_signal,
+        })
+    }
+
+    /// Drive the forked watchdog. Inside the tokio runtime.
+    pub fn new(forked: Forked) -> Result<Self, Error> {
+        let Forked {
+            socket,
+            process,
+            command,
+            stop_signal,
+        } = forked;
+        let socket = socket
+            .set_nonblocking(true)
+            .and_then(|()| UnixStream::from_std(socket))
             .map_err(|e| Error::internal("watchdog socket", e))?;
-        let socket =
-            UnixStream::from_std(ours).map_err(|e| Error::internal("watchdog socket", e))?;
         Ok(Self {
             socket,
             partial: Vec::with_capacity(FRAME),
-            watchdog,
+            watchdog: process,
             child: None,
-            command: spec.argv[0].clone(),
-            stop_signal: spec.stop_signal,
+            command,
+            stop_signal,
             oversight: oversight::Oversight::default(),
         })
     }
@@ -301,7 +348,7 @@ impl Supervisor {
         if let Some(at) = at {
             self.oversight.checked(at);
         }
-        if !oversight::is_stopped(self.watchdog.id()) {
+        if !oversight::is_stopped(self.watchdog.pid.as_raw() as u32) {
             return None;
         }
         let now = BootInstant::now();
@@ -324,9 +371,9 @@ impl Supervisor {
     /// PR_SET_PDEATHSIG; kill the group and every descendant that came to us, and reap them,
     /// the child last (see [`tree::Tree`]).
     fn watchdog_died(&mut self) -> Event {
-        let _ = self.watchdog.kill();
+        self.watchdog.kill();
         // Once the watchdog is reaped, every process it left is a child of ours.
-        let _ = self.watchdog.wait();
+        self.watchdog.wait();
         let mut tree = tree::Tree::inherited(self.child);
         // Each sweep may miss a process forked during it; the next one gets it.
         loop {
@@ -357,6 +404,6 @@ impl Drop for Supervisor {
     fn drop(&mut self) {
         let _ =
             nix::sys::socket::shutdown(self.socket.as_raw_fd(), nix::sys::socket::Shutdown::Both);
-        let _ = self.watchdog.wait();
+        self.watchdog.wait();
     }
 }

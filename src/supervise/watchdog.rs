@@ -1,30 +1,33 @@
-//! The watchdog: leasewrap re-executed in a hidden mode, parent and subreaper of the child.
+//! The watchdog: a process forked from leasewrap before the async runtime (or any other thread)
+//! exists, parent and subreaper of the child. It never execs: it shares leasewrap's pages and
+//! pays no start-up of its own, and it never returns into leasewrap's code (it ends by `_exit`).
 //!
 //! It takes each new deadline `D` over its socket and enforces it on its own CLOCK_BOOTTIME timer,
 //! so the kill does not depend on leasewrap being scheduled: the stop signal goes to the child's
 //! process group at `D - kill_after`, SIGKILL to the group and every descendant at `D`. When the
 //! socket closes (leasewrap died) it kills everything at once. It is single-threaded on purpose:
 //! the child's PR_SET_PDEATHSIG fires when the thread that forked it ends, which is this one.
-//! It never touches the network and never waits on anything but its own three descriptors.
+//! It never touches the network, runs no async code, and never waits on anything but its own
+//! three descriptors; every other descriptor of leasewrap's is closed first thing.
 //! It runs in a session of its own, so that no signal meant for leasewrap's process group
 //! reaches it, and it reaps the child last, so that no pid it signals can name a stranger.
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use nix::sys::wait::WaitStatus;
-use nix::unistd::{getpid, getppid, Pid};
+use nix::unistd::{getpid, getppid, ForkResult, Pid};
 
 use super::protocol::{decode_env, unframe, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
 use super::tree::{Tree, SWEEP_AGAIN};
@@ -32,17 +35,27 @@ use crate::clock::BootInstant;
 use crate::error::{Error, ExitCodes};
 use crate::lease::timing::stop_time;
 
-/// The argv word that selects this mode.
-pub const MODE: &str = "__watchdog";
+/// The watchdog's name in `ps` and `pgrep` (PR_SET_NAME); its command line is leasewrap's.
+pub const NAME: &std::ffi::CStr = c"leasewrap-wd";
 
-/// What the watchdog is told on its command line.
-struct Args {
-    /// Its end of the socket to leasewrap.
-    socket: OwnedFd,
+/// What the watchdog takes from leasewrap's memory at the fork.
+pub struct Plan {
+    /// Its end of the socket to leasewrap (close-on-exec, so the child never sees it).
+    pub socket: OwnedFd,
     /// The signal that starts an orderly stop (`--signal`).
-    stop_signal: Signal,
-    /// The program found by leasewrap, then argv as the user gave it.
-    argv: Vec<OsString>,
+    pub stop_signal: Signal,
+    /// What the child runs.
+    pub program: Program,
+}
+
+/// The command to run, as leasewrap resolved it before the fork.
+pub struct Program {
+    /// The program found by `supervise::resolve`.
+    pub path: PathBuf,
+    /// argv as the user gave it; argv\[0\] stays as written.
+    pub argv: Vec<OsString>,
+    /// The child's environment before the lease's variables (the watchdog's own is leasewrap's).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 /// What leasewrap sends once the lease is ours (see `Supervisor::start`): the child may start.
@@ -113,54 +126,74 @@ struct Watchdog {
     _lock: Option<OwnedFd>,
 }
 
-/// Entry point of the hidden mode; never returns.
-pub fn main(args: Vec<OsString>) -> ! {
-    let code = match parse(args).and_then(run) {
-        Ok(()) => 0,
-        Err(e) => {
-            let e = Error::internal("leasewrap watchdog", e);
-            eprintln!("{e}");
-            e.code(ExitCodes::default())
-        }
-    };
-    std::process::exit(code.into())
-}
-
-fn parse(args: Vec<OsString>) -> io::Result<Args> {
-    let bad = || io::Error::other("bad arguments (this mode is started by leasewrap itself)");
-    let mut it = args.into_iter();
-    let num = |it: &mut std::vec::IntoIter<OsString>| -> io::Result<i32> {
-        it.next()
-            .and_then(|s| s.to_str()?.parse().ok())
-            .ok_or_else(bad)
-    };
-    let fd = num(&mut it)?;
-    let stop_signal = Signal::try_from(num(&mut it)?).map_err(|_| bad())?;
-    if it.next().as_deref() != Some(std::ffi::OsStr::new("--")) {
-        return Err(bad());
+/// Fork the watchdog, which runs `plan` and exits; leasewrap gets its pid. Only while leasewrap
+/// has one thread: a fork copies only the calling thread, and a lock (malloc's, stdio's) held by
+/// another would stay locked forever in the copy.
+pub fn fork(plan: Plan) -> io::Result<Pid> {
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, Iterator::count);
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "leasewrap has {threads} threads: the watchdog is forked before any other starts"
+        )));
     }
-    // SAFETY: leasewrap passed this descriptor number; it is open and nothing else in this fresh
-    // process owns it.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-    fcntl(socket.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
-    Ok(Args {
-        socket,
-        stop_signal,
-        argv: it.collect(),
-    })
+    // SAFETY: this process has one thread (checked above), so the copy holds no lock that a
+    // thread it lacks would release; the copy runs only `main`, which never returns.
+    match unsafe { nix::unistd::fork() }? {
+        ForkResult::Parent { child } => Ok(child),
+        ForkResult::Child => main(plan),
+    }
 }
 
-/// Stand apart, mask, handshake, start the child (unless the stop time has passed), then the
-/// event loop until the whole tree is gone.
-fn run(args: Args) -> io::Result<()> {
+/// The forked process: the watchdog's whole life, then `_exit`.
+fn main(plan: Plan) -> ! {
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(plan)));
+    let e = match ran {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(Error::internal("leasewrap watchdog", e)),
+        Err(_) => Some(Error::Internal("leasewrap watchdog panicked".into())),
+    };
+    if let Some(e) = &e {
+        eprintln!("{e}");
+    }
+    let code = e.map_or(0, |e| e.code(ExitCodes::default()));
+    // SAFETY: _exit ends the process at once: no atexit handler, destructor or flush of the
+    // stdio buffers copied from leasewrap runs a second time here.
+    unsafe { libc::_exit(code.into()) }
+}
+
+/// Leave leasewrap's descriptors behind: every close-on-exec one but `keep` is leasewrap's own
+/// (its end of our socket among them, whose copy here would hide leasewrap's death). The others
+/// were given to leasewrap by its parent for the child, which inherits them as it did before.
+fn close_leasewrap_s_descriptors(keep: RawFd) -> io::Result<()> {
+    let listed: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    // The listing's own descriptor is in the list, and closed by now: F_GETFD fails on it.
+    for fd in listed.into_iter().filter(|fd| *fd != keep) {
+        // SAFETY: F_GETFD reads a descriptor's flags and touches no memory.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags >= 0 && flags & libc::FD_CLOEXEC != 0 {
+            // SAFETY: nothing the watchdog runs uses this descriptor: the objects of leasewrap
+            // that own it are never dropped here, since the process ends by _exit.
+            unsafe { libc::close(fd) };
+        }
+    }
+    Ok(())
+}
+
+/// Leave leasewrap behind, stand apart, mask, handshake, start the child (unless the stop time
+/// has passed), then the event loop until the whole tree is gone.
+fn run(plan: Plan) -> io::Result<()> {
+    nix::sys::prctl::set_name(NAME)?;
+    close_leasewrap_s_descriptors(plan.socket.as_raw_fd())?;
     stand_apart()?;
     let sigfd = block_signals()?;
-    let mut socket = UnixStream::from(args.socket);
+    let mut socket = UnixStream::from(plan.socket);
     // leasewrap closing the socket first means it never got the lease: nothing to start.
     let Some(mut start) = wait_for_start(&mut socket)? else {
         return Ok(());
     };
-    let Some(child) = start_child(&mut socket, &args.argv, &mut start) else {
+    let Some(child) = start_child(&mut socket, plan.program, &mut start) else {
         return Ok(());
     };
     let mut w = Watchdog {
@@ -169,7 +202,7 @@ fn run(args: Args) -> io::Result<()> {
         lifecycle: Lifecycle::Running,
         deadline: start.deadline,
         kill_after: start.kill_after,
-        stop_signal: args.stop_signal,
+        stop_signal: plan.stop_signal,
         timer: TimerFd::new(ClockId::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
         _lock: start.lock,
     };
@@ -181,9 +214,10 @@ fn run(args: Args) -> io::Result<()> {
 /// one process that enforces the deadline. A session rather than a group, so that leasewrap's
 /// death does not orphan the group and make the kernel send it SIGHUP and SIGCONT; the child, in
 /// a group of its own in this session, has no controlling terminal. Subreaper, so that every
-/// orphaned descendant comes to us; not dumpable, so that no process of the same user (the
-/// child included) can trace us or take our descriptors. The child is dumpable again once it
-/// execs an ordinary binary, as the kernel resets the flag.
+/// orphaned descendant comes to us (the flag is not inherited across fork); not dumpable, so
+/// that no process of the same user (the child included) can trace us or take our descriptors
+/// (inherited from leasewrap, and set again here all the same). The child is dumpable again once
+/// it execs an ordinary binary, as the kernel resets the flag.
 fn stand_apart() -> io::Result<()> {
     nix::unistd::setsid()?;
     nix::sys::prctl::set_child_subreaper(true)?;
@@ -194,7 +228,7 @@ fn stand_apart() -> io::Result<()> {
 /// Start the child and tell leasewrap so, or tell it why not: its pid, or none. The stop time
 /// may already have passed while leasewrap was sending (it checked just before): then the child
 /// must not start at all.
-fn start_child(socket: &mut UnixStream, argv: &[OsString], start: &mut Start) -> Option<Pid> {
+fn start_child(socket: &mut UnixStream, program: Program, start: &mut Start) -> Option<Pid> {
     let late = start
         .deadline
         .is_some_and(|d| BootInstant::now() >= stop_time(d, start.kill_after));
@@ -206,7 +240,7 @@ fn start_child(socket: &mut UnixStream, argv: &[OsString], start: &mut Start) ->
         report(socket, FromWatchdog::Exited(libc::SIGKILL));
         return None;
     }
-    match spawn(argv, std::mem::take(&mut start.env)) {
+    match spawn(program, std::mem::take(&mut start.env)) {
         Ok(pid) => {
             report(socket, FromWatchdog::Started(pid.as_raw()));
             Some(pid)
@@ -279,12 +313,14 @@ fn wait_for_start(socket: &mut UnixStream) -> io::Result<Option<Start>> {
 }
 
 /// Start the child in its own process group, dying with this thread.
-fn spawn(argv: &[OsString], extra_env: Vec<(String, String)>) -> io::Result<Pid> {
+fn spawn(program: Program, extra_env: Vec<(String, String)>) -> io::Result<Pid> {
     let parent = getpid();
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[2..])
-        .arg0(&argv[1])
+    let mut cmd = Command::new(&program.path);
+    cmd.args(&program.argv[1..])
+        .arg0(&program.argv[0])
         .process_group(0)
+        .env_clear()
+        .envs(program.env)
         .envs(extra_env);
     // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
     // functions (sigprocmask, prctl, getppid).

@@ -24,9 +24,9 @@ use nix::unistd::Pid;
 use crate::support::etcd::{self, Etcd, Version};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
-    assert_all_die_within, assert_exit, atomically, clean_env, cmdline, is_stopped, pid_alive,
-    ppid_of, q, read_line_file, read_pid, run_bounded, wait_until, KillOnDrop, Leasewrap, Output,
-    Running, Sandbox, BIN,
+    assert_all_die_within, assert_exit, atomically, clean_env, cmdline, comm, is_stopped,
+    pid_alive, ppid_of, q, read_line_file, read_pid, run_bounded, wait_until, KillOnDrop,
+    Leasewrap, Output, Running, Sandbox, BIN,
 };
 
 /// TTL of every lease here: etcd's minimum, so that each fault plays out in a few seconds.
@@ -341,9 +341,10 @@ fn paused_leader(version: Version, resume: Resume) {
     let child = read_pid(&p("a.pid"), BOUND);
     let a_token: u64 = read_line_file(&p("a.token"), BOUND).parse().unwrap();
     let watchdog = ppid_of(child).expect("A's child has a parent");
-    assert!(
-        cmdline(watchdog).contains("__watchdog"),
-        "{}",
+    assert_eq!(
+        comm(watchdog),
+        "leasewrap-wd",
+        "the child's parent is the watchdog: {}",
         cmdline(watchdog)
     );
     assert_eq!(

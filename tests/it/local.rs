@@ -524,7 +524,8 @@ impl Drop for ContinueGroupOnDrop {
 
 #[test]
 fn sigterm_to_the_watchdog_itself_stops_the_whole_tree_in_order() {
-    // `pkill -f leasewrap` matches the watchdog too (`leasewrap __watchdog ...`). The child and
+    // `pkill -f leasewrap` matches the watchdog too (forked, it has leasewrap's command line; and
+    // `pkill leasewrap` matches its name, leasewrap-wd). The child and
     // the daemon ignore SIGTERM: they are SIGKILLed after --kill-after, and all reaped.
     let sb = Sandbox::new();
     let mut tree = start_tree(&sb, sb.leasewrap().name("pkill"));

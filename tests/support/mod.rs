@@ -703,6 +703,14 @@ pub fn assert_all_die_within(bound: Duration, procs: &[(&str, i32)]) {
     }
 }
 
+/// The name of PID (its comm, as `ps` and `pgrep` show it).
+pub fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim_end()
+        .to_owned()
+}
+
 /// The command line of PID, for messages.
 pub fn cmdline(pid: i32) -> String {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
