@@ -30,6 +30,14 @@ const TTL_ARG: &str = "2s";
 /// `--ttl 2s`, and debug logs, which a failing fault test shows with leasewrap's stderr.
 const FAULT_ARGS: [&str; 3] = ["--ttl", TTL_ARG, "-v"];
 
+/// Lease "job" under `prefix` through `endpoint`, with the fault tests' timing.
+fn fault_job(endpoint: &str, prefix: &str) -> Leasewrap {
+    Leasewrap::new()
+        .on_etcd(endpoint, prefix)
+        .name("job")
+        .args(&FAULT_ARGS)
+}
+
 /// `fn NAME(v: Version)` becomes `NAME::etcd_3_4` and `NAME::etcd_3_5`.
 macro_rules! on_both_versions {
     ($($name:ident),+ $(,)?) => {$(
@@ -564,12 +572,7 @@ fn holder_behind_proxy_dies_before_takeover(v: Version, fault: Mode, label: &str
     let prefix = etcd::unique_prefix(label);
     let sb = Sandbox::new();
     let proxy = Proxy::start(etcd.addr());
-    let lw = |endpoint: &str| {
-        Leasewrap::new()
-            .on_etcd(endpoint, &prefix)
-            .name("job")
-            .args(&FAULT_ARGS)
-    };
+    let lw = |endpoint: &str| fault_job(endpoint, &prefix);
     let mut a = Job::spawn(lw(&proxy.endpoint()), Marks::new(&sb, "a"), true);
     a.child();
     let mut c = Job::spawn(lw(&etcd.endpoint()), Marks::new(&sb, "c"), false);
@@ -649,12 +652,7 @@ fn holder_stopped_for_two_ttls(v: Version, stopped: Stopped) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix("f5");
     let sb = Sandbox::new();
-    let lw = || {
-        Leasewrap::new()
-            .on_etcd(&etcd.endpoint(), &prefix)
-            .name("job")
-            .args(&FAULT_ARGS)
-    };
+    let lw = || fault_job(&etcd.endpoint(), &prefix);
     let mut a = Job::spawn(lw().own_process_group(), Marks::new(&sb, "a"), true);
     let a_child = a.child();
     let a_lease = a.var("LEASEWRAP_LEASE_ID");
@@ -752,12 +750,7 @@ fn waiter_whose_lease_expired_in_the_queue_never_starts_its_child(v: Version) {
     let prefix = etcd::unique_prefix("f7");
     let sb = Sandbox::new();
     let proxy = Proxy::start(etcd.addr());
-    let lw = |endpoint: &str| {
-        Leasewrap::new()
-            .on_etcd(endpoint, &prefix)
-            .name("job")
-            .args(&FAULT_ARGS)
-    };
+    let lw = |endpoint: &str| fault_job(endpoint, &prefix);
     let mut h = Job::spawn(lw(&etcd.endpoint()), Marks::new(&sb, "h"), false);
     h.child();
     let h_key = h.var("LEASEWRAP_KEY");
@@ -815,12 +808,7 @@ fn killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay
     let sb = Sandbox::new();
     let tokens = sb.path("tokens");
     let append_token = format!("echo $LEASEWRAP_FENCING_TOKEN >> {}", q(&tokens));
-    let lw = || {
-        Leasewrap::new()
-            .on_etcd(&cluster.endpoints(), &prefix)
-            .name("job")
-            .args(&FAULT_ARGS)
-    };
+    let lw = || fault_job(&cluster.endpoints(), &prefix);
     let marks = Marks::new(&sb, "a");
     let script = format!("{append_token}; {}", marks.script(false));
     let mut a = Job::with_script(lw(), marks, script);
@@ -905,11 +893,7 @@ fn child_is_stopped_at_the_deadline_while_etcd_is_down(v: Version) {
     let mut etcd = Etcd::start(v);
     let prefix = "lw/";
     let sb = Sandbox::new();
-    let lw = Leasewrap::new()
-        .on_etcd(&etcd.endpoint(), prefix)
-        .name("job")
-        .args(&FAULT_ARGS)
-        .args(&["--dial-timeout", "1s"]);
+    let lw = fault_job(&etcd.endpoint(), prefix).args(&["--dial-timeout", "1s"]);
     let mut a = Job::spawn(lw, Marks::new(&sb, "a"), false);
     let child = a.child();
     let token = a.token();
