@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
-use crate::lease::{Held, LeaseEvent, Lessor};
+use crate::lease::{Held, LeaseEvent, Lessor, LossReason};
 use crate::notify::Notifier;
 use crate::runs::book::Book;
 use crate::status::Holder;
@@ -136,9 +136,16 @@ struct Ending {
 
 impl Ending {
     /// The lease is lost: the one log line that says so.
-    fn lose(&mut self, cfg: &Config, token: u64, why: String) {
+    fn lose(&mut self, cfg: &Config, token: u64, why: LossReason) {
         error!(name = %cfg.name, token, reason = %why, "lease lost: stopping the child");
-        self.lost = Some(why);
+        self.lost = Some(why.to_string());
+    }
+
+    /// The watchdog's deadline came: the lease is lost, unless it already was for another reason.
+    fn deadline_passed(&mut self, cfg: &Config, token: u64) {
+        if self.lost.is_none() {
+            self.lose(cfg, token, LossReason::DeadlinePassed);
+        }
     }
 
     /// --max-runtime ran out: stop the whole tree as for a lost lease, keeping the lease.
@@ -223,17 +230,15 @@ fn on_child(
             None
         }
         Event::DeadlinePassed => {
-            if ending.lost.is_none() {
-                ending.lose(cfg, token, "no renewal came before the deadline".into());
-            }
+            ending.deadline_passed(cfg, token);
             None
         }
         Event::Exited(exit) => Some(ending.finish(cfg, exit)),
         Event::SpawnFailed(e) => Some(Err(e)),
         Event::WatchdogDied => Some(ending.without_watchdog(cfg, "died")),
         Event::WatchdogStopped { deadline_passed } => {
-            if deadline_passed && ending.lost.is_none() {
-                ending.lose(cfg, token, "no renewal came before the deadline".into());
+            if deadline_passed {
+                ending.deadline_passed(cfg, token);
             }
             Some(ending.without_watchdog(cfg, "was stopped"))
         }
@@ -254,7 +259,7 @@ fn on_lease(cfg: &Config, token: u64, sup: &mut Supervisor, ev: LeaseEvent, endi
         }
         LeaseEvent::Lost(why) => {
             sup.send(ToWatchdog::Stop);
-            ending.lose(cfg, token, why.to_string());
+            ending.lose(cfg, token, why);
         }
     }
 }

@@ -33,6 +33,8 @@ pub enum LossReason {
     Expired,
     /// The stop time came before a renewal did.
     NotRenewed,
+    /// The watchdog reached `D - kill_after` with no renewal passed on to it.
+    DeadlinePassed,
     /// A renewal granted this TTL (seconds), which the timing rules cannot work with.
     TtlDoesNotFit(i64),
     /// The own lock key was deleted.
@@ -50,6 +52,7 @@ impl std::fmt::Display for LossReason {
         match self {
             LossReason::Expired => f.write_str("etcd says the lease has expired (TTL 0)"),
             LossReason::NotRenewed => f.write_str("no keepalive reply came before the stop time"),
+            LossReason::DeadlinePassed => f.write_str("no renewal came before the deadline"),
             LossReason::TtlDoesNotFit(ttl) => write!(
                 f,
                 "etcd renewed the lease with TTL {ttl}s, too short for the timing rules"
