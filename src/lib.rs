@@ -18,6 +18,7 @@
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
 //! - `supervise::oversight`: leasewrap's check that the watchdog is not stopped when it must act.
 //! - `supervise::protocol`: the fixed frames between leasewrap and the watchdog.
+//! - `supervise::spawn`: starting the child without copying the watchdog (a vfork-style clone).
 //! - `supervise::tree`: finding, signalling and reaping every descendant.
 //! - `run`: the one loop that ties lease, child and signals together.
 //! - `runs`: once per scheduled run (--once, --once-per, --metrics-file); starts nothing.

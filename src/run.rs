@@ -5,18 +5,18 @@
 use std::ffi::OsString;
 use std::future::pending;
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigSet, Signal};
 use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
-use crate::lease::{Held, LeaseEvent, Lessor, LossReason};
+use crate::lease::{self, Held, LeaseEvent, Lessor, LossReason};
 use crate::notify::Notifier;
 use crate::runs::book::Book;
 use crate::status::Holder;
 use crate::supervise::protocol::ToWatchdog;
-use crate::supervise::{self, ChildSpec, Event, Exit, Forked, Supervisor};
+use crate::supervise::{self, ChildSpec, Event, Exit, Forked, Lease, Supervisor};
 
 /// The signals leasewrap forwards to the child (or that end a wait).
 struct Signals([SignalStream; 4]);
@@ -29,14 +29,31 @@ const FORWARDED: [(SignalKind, Signal); 4] = [
 ];
 
 impl Signals {
+    /// Hold the forwarded signals back until [`Signals::new`] has handlers for them: the child
+    /// may start before the runtime does, and such a signal must reach it, not end leasewrap.
+    fn hold() {
+        let _ = Self::mask().thread_block();
+    }
+
+    /// Install the handlers, then let the signals held back through.
     fn new() -> Result<Self, Error> {
         let install = |k| signal(k).map_err(|e| Error::internal("installing signal handlers", e));
-        Ok(Self([
+        let signals = Self([
             install(FORWARDED[0].0)?,
             install(FORWARDED[1].0)?,
             install(FORWARDED[2].0)?,
             install(FORWARDED[3].0)?,
-        ]))
+        ]);
+        Self::mask()
+            .thread_unblock()
+            .map_err(|e| Error::internal("unblocking signals", e))?;
+        Ok(signals)
+    }
+
+    fn mask() -> SigSet {
+        let mut set = SigSet::empty();
+        FORWARDED.iter().for_each(|(_, s)| set.add(*s));
+        set
     }
 
     /// The next signal. Cancel-safe.
@@ -52,18 +69,52 @@ impl Signals {
 }
 
 /// Run the child of `cfg` under its lease, and account for it (--once, --metrics-file). The
-/// watchdog is forked first, while this is leasewrap's only thread; then the runtime starts.
+/// watchdog is forked first, while this is leasewrap's only thread; then a free local lock is
+/// taken and the child started; then the runtime starts.
 pub fn run(cfg: &Config) -> Result<Exit, Error> {
-    let watchdog = fork_watchdog(cfg);
+    Signals::hold();
+    let book = Book::open(cfg);
+    let notifier = Notifier::from_env();
+    notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
+    let early = fork_watchdog(cfg).and_then(|mut watchdog| {
+        lease::announce(cfg);
+        let held = start_early(cfg, &mut watchdog)?;
+        Ok((watchdog, held))
+    });
     crate::block_on(async {
-        let mut book = Book::open(cfg);
-        let ended = match watchdog {
-            Ok(watchdog) => run_in(cfg, &mut book, watchdog).await,
+        let mut book = book;
+        let ended = match early {
+            Ok((watchdog, held)) => run_in(cfg, &mut book, &notifier, watchdog, held).await,
             Err(e) => Err(e),
         };
         book.close(&ended);
         ended
     })
+}
+
+/// A local lock that is free needs no runtime to take: take it and start the child at once, so
+/// that the runtime starts while the child does. Not with --once, whose record is read before
+/// the child may start; `None` when the lease must be waited for (or is on etcd).
+fn start_early(cfg: &Config, watchdog: &mut Forked) -> Result<Option<Held>, Error> {
+    if cfg.once.is_some() {
+        return Ok(None);
+    }
+    let record = Holder::this_process(&cfg.command).to_record();
+    let held = Held::take_local_now(cfg, &record)?;
+    if let Some(held) = &held {
+        watchdog.start(&child_lease(&lease_env(cfg, held), held));
+    }
+    Ok(held)
+}
+
+/// What the child is started under.
+fn child_lease<'a>(env: &'a [(String, String)], held: &'a Held) -> Lease<'a> {
+    Lease {
+        env,
+        kill_after: held.kill_after,
+        deadline: held.deadline,
+        keep: held.keep_fd(),
+    }
 }
 
 /// Find COMMAND (127 or 126 before anything is taken) and fork the watchdog, which then waits
@@ -78,28 +129,46 @@ fn fork_watchdog(cfg: &Config) -> Result<Forked, Error> {
     })
 }
 
-async fn run_in(cfg: &Config, book: &mut Book<'_>, watchdog: Forked) -> Result<Exit, Error> {
+async fn run_in(
+    cfg: &Config,
+    book: &mut Book<'_>,
+    notifier: &Notifier,
+    watchdog: Forked,
+    early: Option<Held>,
+) -> Result<Exit, Error> {
     let mut sup = Supervisor::new(watchdog)?;
     let mut signals = Signals::new()?;
-    let notifier = Notifier::from_env();
-    let mut lessor = Lessor::connect(cfg).await?;
-    notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
-    let mut held = acquire(cfg, &mut lessor, &mut signals).await?;
-    if let Err(skip) = book.before_start(&held).await {
-        held.release().await;
-        return Err(skip);
-    }
-    let env = lease_env(cfg, &held);
-    sup.start(&env, held.kill_after, held.deadline, held.keep_fd());
+    let mut held = match early {
+        // Without --once, before_start only notes the token: it cannot refuse.
+        Some(held) => book.before_start(&held).await.map(|()| held)?,
+        None => take_and_start(cfg, book, &mut sup, &mut signals).await?,
+    };
     book.child_started(&held);
     info!(name = %cfg.name, token = held.token, "acquired");
-    let outcome = hold(cfg, &mut held, &mut sup, &mut signals, &notifier).await;
+    let outcome = hold(cfg, &mut held, &mut sup, &mut signals, notifier).await;
     let outcome = book.after_run(&held, outcome).await;
     notifier.send("STOPPING=1");
     let token = held.token;
     held.release().await;
     info!(name = %cfg.name, token, "released");
     outcome
+}
+
+/// Take the lease (waiting as `-n`/`-w` say), check --once's record, and start the child.
+async fn take_and_start(
+    cfg: &Config,
+    book: &mut Book<'_>,
+    sup: &mut Supervisor,
+    signals: &mut Signals,
+) -> Result<Held, Error> {
+    let mut lessor = Lessor::connect(cfg).await?;
+    let held = acquire(cfg, &mut lessor, signals).await?;
+    if let Err(skip) = book.before_start(&held).await {
+        held.release().await;
+        return Err(skip);
+    }
+    sup.start(&child_lease(&lease_env(cfg, &held), &held));
+    Ok(held)
 }
 
 /// Wait for the lease as `-n`/`-w` say; a signal ends the wait and starts nothing.

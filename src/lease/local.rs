@@ -46,43 +46,73 @@ pub async fn acquire(dir: &Path, name: &str, block: bool) -> Result<LocalLock, E
     let dir = Dir::state(dir)?;
     let lock_name = lock_name(name);
     let lock = loop {
-        let (file, _) = dir.open_own(&lock_name)?;
-        // Try without blocking first: an uncontended lock needs no thread.
-        let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Err((file, nix::errno::Errno::EWOULDBLOCK)) if block => {
-                tracing::info!(name = %name, "waiting for the lease");
-                tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))
-                    .await
-                    .map_err(|e| Error::internal("waiting for the lock", e))?
-            }
-            other => other,
-        };
-        let lock = match lock {
-            Ok(lock) => lock,
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+        let lock = match try_lock(&dir, &lock_name)? {
+            Try::Locked(lock) => lock,
+            Try::Busy(_) if !block => {
                 return Err(Error::Busy {
                     name: name.to_owned(),
                 })
             }
-            Err((_, e)) => {
-                let path = dir.join(&lock_name);
-                return Err(Error::internal(format!("flock {}", path.display()), e));
-            }
+            Try::Busy(file) => wait_for(file, &dir, &lock_name, name).await?,
         };
         // Someone may have removed or replaced the file between our open and our lock.
         if still_named(&lock, &dir, &lock_name) {
             break lock;
         }
     };
-    let token = next_token(&dir, &token_name(name))?;
-    let path = dir.join(&lock_name);
-    Ok(LocalLock {
-        lock,
-        dir,
-        lock_name,
-        path,
-        token,
-    })
+    LocalLock::new(dir, lock_name, lock, name)
+}
+
+/// Take the lock if it is free at this moment: never waiting, and needing no runtime. `None`
+/// when another process holds it.
+pub fn try_acquire(dir: &Path, name: &str) -> Result<Option<LocalLock>, Error> {
+    let dir = Dir::state(dir)?;
+    let lock_name = lock_name(name);
+    loop {
+        match try_lock(&dir, &lock_name)? {
+            Try::Busy(_) => return Ok(None),
+            Try::Locked(lock) if still_named(&lock, &dir, &lock_name) => {
+                return LocalLock::new(dir, lock_name, lock, name).map(Some)
+            }
+            // Removed or replaced between our open and our lock: try the file now named.
+            Try::Locked(_) => {}
+        }
+    }
+}
+
+/// One try at the lock, without waiting.
+enum Try {
+    Locked(Flock<File>),
+    /// Another process holds it; the file, to wait on.
+    Busy(File),
+}
+
+fn try_lock(dir: &Dir, lock_name: &str) -> Result<Try, Error> {
+    let (file, _) = dir.open_own(lock_name)?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Try::Locked(lock)),
+        Err((file, nix::errno::Errno::EWOULDBLOCK)) => Ok(Try::Busy(file)),
+        Err((_, e)) => Err(flock_failed(dir, lock_name, e)),
+    }
+}
+
+/// Wait for the lock on a thread of its own (flock has no asynchronous form).
+async fn wait_for(
+    file: File,
+    dir: &Dir,
+    lock_name: &str,
+    name: &str,
+) -> Result<Flock<File>, Error> {
+    tracing::info!(name = %name, "waiting for the lease");
+    tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))
+        .await
+        .map_err(|e| Error::internal("waiting for the lock", e))?
+        .map_err(|(_, e)| flock_failed(dir, lock_name, e))
+}
+
+fn flock_failed(dir: &Dir, lock_name: &str, e: nix::errno::Errno) -> Error {
+    let path = dir.join(lock_name);
+    Error::internal(format!("flock {}", path.display()), e)
 }
 
 /// Whether `name` in `dir` still names the locked inode (a link put in its place does not).
@@ -122,6 +152,19 @@ fn next_token(dir: &Dir, name: &str) -> Result<u64, Error> {
 }
 
 impl LocalLock {
+    /// The lock is ours: raise the token under it.
+    fn new(dir: Dir, lock_name: String, lock: Flock<File>, name: &str) -> Result<Self, Error> {
+        let token = next_token(&dir, &token_name(name))?;
+        let path = dir.join(&lock_name);
+        Ok(LocalLock {
+            lock,
+            dir,
+            lock_name,
+            path,
+            token,
+        })
+    }
+
     /// Record who holds the lock in the lock file, for `leasewrap status`.
     pub fn record_holder(&mut self, record: &[u8]) {
         use std::os::unix::fs::FileExt;

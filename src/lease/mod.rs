@@ -94,8 +94,11 @@ pub struct Held {
 enum HeldInner {
     Local {
         lock: local::LocalLock,
-        /// The renewal schedule on which the lock file's identity is checked.
-        check: Interval,
+        /// How often the lock file's identity is checked: the renewal period.
+        every: Duration,
+        /// That schedule, from the first wait for an event (the lock may be taken before the
+        /// runtime exists).
+        check: Option<Interval>,
     },
     Etcd(Box<etcd::EtcdHeld>),
 }
@@ -104,17 +107,10 @@ impl Lessor {
     /// Prepare the backend `cfg` names. The local backend needs nothing; etcd is dialled.
     pub async fn connect(cfg: &Config) -> Result<Self, Error> {
         match &cfg.backend {
-            Backend::Local { dir } => {
-                tracing::info!(dir = %dir.display(), "using the local backend (no etcd endpoints configured)");
-                let timing = cfg
-                    .params
-                    .effective(cfg.params.ttl)
-                    .map_err(|e| Error::Usage(e.to_string()))?;
-                Ok(Lessor::Local {
-                    dir: dir.clone(),
-                    timing,
-                })
-            }
+            Backend::Local { dir } => Ok(Lessor::Local {
+                dir: dir.clone(),
+                timing: local_timing(cfg)?,
+            }),
             Backend::Etcd(e) => Ok(Lessor::Etcd(Box::new(
                 etcd::Etcd::connect(e, cfg.params).await?,
             ))),
@@ -137,19 +133,8 @@ impl Lessor {
                 })
             }
             Lessor::Local { dir, timing } => {
-                let mut lock = local::acquire(dir, name, block).await?;
-                lock.record_holder(record);
-                let mut check = interval(local::LocalLock::check_every(timing.ttl));
-                check.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                check.reset();
-                Ok(Held {
-                    token: lock.token,
-                    key: lock.path().display().to_string(),
-                    lease_id: None,
-                    deadline: None,
-                    kill_after: timing.kill_after,
-                    inner: HeldInner::Local { lock, check },
-                })
+                let lock = local::acquire(dir, name, block).await?;
+                Ok(Held::local(lock, timing, record))
             }
         }
     }
@@ -162,7 +147,49 @@ impl Lessor {
     }
 }
 
+/// The local backend's first log line, which says that no endpoints were configured.
+pub fn announce(cfg: &Config) {
+    if let Backend::Local { dir } = &cfg.backend {
+        tracing::info!(dir = %dir.display(), "using the local backend (no etcd endpoints configured)");
+    }
+}
+
+/// The timing of the TTL asked for, which on the local backend is the one in force.
+fn local_timing(cfg: &Config) -> Result<timing::Effective, Error> {
+    cfg.params
+        .effective(cfg.params.ttl)
+        .map_err(|e| Error::Usage(e.to_string()))
+}
+
 impl Held {
+    /// The local lock of `cfg`, if it is free at this moment: taken without waiting and without
+    /// a runtime, so that the child can start before the runtime does. `None` when another
+    /// process holds it, or on etcd; then [`Lessor::acquire`] takes the lease.
+    pub fn take_local_now(cfg: &Config, record: &[u8]) -> Result<Option<Held>, Error> {
+        let Backend::Local { dir } = &cfg.backend else {
+            return Ok(None);
+        };
+        let timing = local_timing(cfg)?;
+        let lock = local::try_acquire(dir, &cfg.name)?;
+        Ok(lock.map(|lock| Held::local(lock, &timing, record)))
+    }
+
+    fn local(mut lock: local::LocalLock, timing: &timing::Effective, record: &[u8]) -> Held {
+        lock.record_holder(record);
+        Held {
+            token: lock.token,
+            key: lock.path().display().to_string(),
+            lease_id: None,
+            deadline: None,
+            kill_after: timing.kill_after,
+            inner: HeldInner::Local {
+                lock,
+                every: local::LocalLock::check_every(timing.ttl),
+                check: None,
+            },
+        }
+    }
+
     /// The etcd connection of this lease, for writes guarded by its lock key; none on local.
     pub fn etcd_conn(&self) -> Option<&etcd::client::Conn> {
         match &self.inner {
@@ -192,7 +219,13 @@ impl Held {
     /// The next renewal or loss. Cancel-safe.
     pub async fn next_event(&mut self) -> LeaseEvent {
         match &mut self.inner {
-            HeldInner::Local { lock, check } => loop {
+            HeldInner::Local { lock, every, check } => loop {
+                let check = check.get_or_insert_with(|| {
+                    let mut check = interval(*every);
+                    check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                    check.reset();
+                    check
+                });
                 check.tick().await;
                 if let Some(why) = lock.check() {
                     return LeaseEvent::Lost(LossReason::LockFile(why));

@@ -7,11 +7,12 @@
 
 pub mod oversight;
 pub mod protocol;
+pub mod spawn;
 pub mod tree;
 pub mod watchdog;
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -171,6 +172,25 @@ pub struct Forked {
     command: OsString,
     /// The signal that starts an orderly stop.
     stop_signal: Signal,
+    /// The kill-after and first deadline sent with the start, if it was sent from here.
+    started: Option<(Duration, Option<BootInstant>)>,
+}
+
+impl Forked {
+    /// Start the child now, before the runtime exists, as [`Supervisor::start`] does.
+    pub fn start(&mut self, lease: &Lease<'_>) {
+        send_start(self.socket.as_raw_fd(), lease);
+        self.started = Some((lease.kill_after, lease.deadline));
+    }
+}
+
+/// What the child is started under: the lease's variables for its environment, the kill-after
+/// for the TTL granted, the first `D`, and the local backend's lock file for the watchdog to hold.
+pub struct Lease<'a> {
+    pub env: &'a [(String, String)],
+    pub kill_after: Duration,
+    pub deadline: Option<BootInstant>,
+    pub keep: Option<BorrowedFd<'a>>,
 }
 
 /// leasewrap's handle on the watchdog and, through it, the child.
@@ -215,6 +235,7 @@ impl Supervisor {
             process: Process { pid, reaped: false },
             command: spec.argv[0].clone(),
             stop_signal: spec.stop_signal,
+            started: None,
         })
     }
 
@@ -225,7 +246,12 @@ impl Supervisor {
             process,
             command,
             stop_signal,
+            started,
         } = forked;
+        let mut oversight = oversight::Oversight::default();
+        if let Some((kill_after, deadline)) = started {
+            oversight.started(kill_after, deadline);
+        }
         let socket = socket
             .set_nonblocking(true)
             .and_then(|()| UnixStream::from_std(socket))
@@ -237,47 +263,15 @@ impl Supervisor {
             child: None,
             command,
             stop_signal,
-            oversight: oversight::Oversight::default(),
+            oversight,
         })
     }
 
-    /// Start the child, with the lease's variables added to its environment, under `deadline`;
-    /// `kill_after` is the one for the TTL granted.
-    pub fn start(
-        &mut self,
-        lease_env: &[(String, String)],
-        kill_after: Duration,
-        deadline: Option<BootInstant>,
-        keep: Option<BorrowedFd<'_>>,
-    ) {
-        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-        let mut msg = protocol::encode_env(lease_env);
-        msg.extend_from_slice(&ToWatchdog::KillAfter(kill_after).encode());
-        msg.extend_from_slice(&ToWatchdog::Deadline(deadline).encode());
-        self.oversight.started(kill_after, deadline);
-        // `keep` (the local backend's locked lock file) rides along with the first byte: the
-        // watchdog holds it until the whole tree is gone, so the kernel cannot hand the lock to
-        // the next holder while a child of ours still runs, even if leasewrap is SIGKILLed.
-        let fds = keep.map(|fd| [fd.as_raw_fd()]);
-        let cmsgs: Vec<ControlMessage> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
-        let mut sent = 0;
-        // A few hundred bytes into an empty socket buffer: one call in practice. EAGAIN would
-        // mean a watchdog that reads nothing, which next() then reports as dead.
-        while sent < msg.len() {
-            let iov = [std::io::IoSlice::new(&msg[sent..])];
-            let cmsgs = if sent == 0 { &cmsgs[..] } else { &[] };
-            match sendmsg::<()>(
-                self.socket.as_raw_fd(),
-                &iov,
-                cmsgs,
-                MsgFlags::empty(),
-                None,
-            ) {
-                Ok(n) => sent += n,
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => break,
-            }
-        }
+    /// Start the child, with the lease's variables added to its environment, under its first
+    /// deadline.
+    pub fn start(&mut self, lease: &Lease<'_>) {
+        send_start(self.socket.as_raw_fd(), lease);
+        self.oversight.started(lease.kill_after, lease.deadline);
     }
 
     /// Tell the watchdog something. A full or closed socket means the watchdog is dead, which
@@ -386,6 +380,31 @@ impl Supervisor {
                     return Event::WatchdogDied;
                 }
             }
+        }
+    }
+}
+
+/// The start message: the lease's variables, kill-after and first deadline in one send.
+fn send_start(socket: RawFd, lease: &Lease<'_>) {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let mut msg = protocol::encode_env(lease.env);
+    msg.extend_from_slice(&ToWatchdog::KillAfter(lease.kill_after).encode());
+    msg.extend_from_slice(&ToWatchdog::Deadline(lease.deadline).encode());
+    // `keep` (the local backend's locked lock file) rides along with the first byte: the
+    // watchdog holds it until the whole tree is gone, so the kernel cannot hand the lock to
+    // the next holder while a child of ours still runs, even if leasewrap is SIGKILLed.
+    let fds = lease.keep.map(|fd| [fd.as_raw_fd()]);
+    let cmsgs: Vec<ControlMessage> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    let mut sent = 0;
+    // A few hundred bytes into an empty socket buffer: one call in practice. EAGAIN would
+    // mean a watchdog that reads nothing, which next() then reports as dead.
+    while sent < msg.len() {
+        let iov = [std::io::IoSlice::new(&msg[sent..])];
+        let cmsgs = if sent == 0 { &cmsgs[..] } else { &[] };
+        match sendmsg::<()>(socket, &iov, cmsgs, MsgFlags::empty(), None) {
+            Ok(n) => sent += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
         }
     }
 }

@@ -16,9 +16,7 @@ use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -27,7 +25,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use nix::sys::wait::WaitStatus;
-use nix::unistd::{getpid, getppid, ForkResult, Pid};
+use nix::unistd::{ForkResult, Pid};
 
 use super::protocol::{decode_env, unframe, FromWatchdog, ToWatchdog, ENV_TAG, FRAME};
 use super::tree::{Tree, SWEEP_AGAIN};
@@ -240,7 +238,7 @@ fn start_child(socket: &mut UnixStream, program: Program, start: &mut Start) -> 
         report(socket, FromWatchdog::Exited(libc::SIGKILL));
         return None;
     }
-    match spawn(program, std::mem::take(&mut start.env)) {
+    match super::spawn::spawn(program, std::mem::take(&mut start.env)) {
         Ok(pid) => {
             report(socket, FromWatchdog::Started(pid.as_raw()));
             Some(pid)
@@ -310,34 +308,6 @@ fn wait_for_start(socket: &mut UnixStream) -> io::Result<Option<Start>> {
             },
         }
     }
-}
-
-/// Start the child in its own process group, dying with this thread.
-fn spawn(program: Program, extra_env: Vec<(String, String)>) -> io::Result<Pid> {
-    let parent = getpid();
-    let mut cmd = Command::new(&program.path);
-    cmd.args(&program.argv[1..])
-        .arg0(&program.argv[0])
-        .process_group(0)
-        .env_clear()
-        .envs(program.env)
-        .envs(extra_env);
-    // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
-    // functions (sigprocmask, prctl, getppid).
-    unsafe {
-        cmd.pre_exec(move || {
-            // The watchdog's blocked signals would be inherited across exec: unblock them all.
-            SigSet::empty().thread_set_mask()?;
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // The watchdog may have died between fork and prctl: then nobody would kill us.
-            if getppid() != parent {
-                return Err(io::Error::other("watchdog died during start"));
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn()?;
-    Ok(Pid::from_raw(child.id() as i32))
 }
 
 /// What [`recv_exact_with_fd`] got.

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::support::user::{self, chmod};
-use crate::support::{assert_exit, Finished, Leasewrap, Output, Sandbox, RUN_BOUND};
+use crate::support::{assert_exit, wait_until, Finished, Leasewrap, Output, Sandbox, RUN_BOUND};
 
 /// A run of lease `job` whose child would leave `ran` behind.
 fn job(sb: &Sandbox) -> Leasewrap {
@@ -202,6 +202,20 @@ fn fenced_write(dest: &Path, token: u64, input: &[u8], command: &[&str]) -> Outp
     lw.stdin(input).output()
 }
 
+/// Bytes written into the pipe and not read yet.
+fn unread(pipe: &impl std::os::fd::AsRawFd) -> libc::c_int {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into `n`, which outlives the call.
+    let r = unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut n) };
+    assert_eq!(
+        r,
+        0,
+        "FIONREAD on the pipe: {}",
+        std::io::Error::last_os_error()
+    );
+    n
+}
+
 #[test]
 fn a_stalled_stale_writer_does_not_delay_a_newer_writer_and_the_newer_data_survives() {
     let sb = Sandbox::new();
@@ -213,6 +227,12 @@ fn a_stalled_stale_writer_does_not_delay_a_newer_writer_and_the_newer_data_survi
         .spawn();
     let mut producer = stale.take_stdin();
     std::io::Write::write_all(&mut producer, b"stale from A, half of it").unwrap();
+    // Spooling: past its first look at the fence, which would refuse it once B has written.
+    wait_until(
+        RUN_BOUND,
+        "the stale writer to read what it was given",
+        || unread(&producer) == 0,
+    );
 
     // The stale writer's producer stalls (as a paused holder's does); the newer one must pass.
     let fresh = fenced_write(&dest, 6, b"fresh from B\n", &[]);
