@@ -6,6 +6,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Output;
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -174,7 +175,9 @@ fn mode_changes_reach_a_live_connection_and_blackholed_bytes_are_lost() {
 fn delayed_replies_keep_their_order_and_each_waits_only_its_own_delay() {
     let proxy = Proxy::start(echo_server());
     let mut conn = TcpStream::connect(proxy.addr()).unwrap();
-    proxy.set_mode(Mode::DelayReplies(Duration::from_millis(400)));
+    let mut reference = TcpStream::connect(proxy.addr()).unwrap();
+    let delay = Duration::from_millis(800);
+    proxy.set_mode(Mode::DelayReplies(delay));
     let sent = Instant::now();
     for (i, chunk) in [b"a", b"b", b"c"].iter().enumerate() {
         // Paces the sender: chunk i leaves at i x 100 ms.
@@ -182,17 +185,32 @@ fn delayed_replies_keep_their_order_and_each_waits_only_its_own_delay() {
         thread::sleep(leave.saturating_duration_since(Instant::now()));
         conn.write_all(*chunk).unwrap();
     }
-    let mut got = Vec::new();
+    let (arrivals, arrived) = mpsc::channel();
+    let mut got = read_within(&mut conn, Duration::from_secs(5));
+    // Sent once the first reply is through (due at 800 ms): due one delay later (1600 ms), after
+    // the last chunk's own due time (1000 ms), and before it (2400 ms) if each reply waited out
+    // the delay of the one before it as well as its own.
+    reference.write_all(b"r").unwrap();
+    let to_reference = arrivals.clone();
+    thread::spawn(move || {
+        let echoed = read_within(&mut reference, Duration::from_secs(5));
+        let _ = to_reference.send(format!("reference {echoed:?}"));
+    });
     while got.len() < 3 {
         got.extend(read_within(&mut conn, Duration::from_secs(5)));
     }
-    // Due at 400, 500 and 600 ms; a pump that waited out each delay in turn would need 1200 ms.
+    arrivals.send("all three".to_owned()).unwrap();
     let took = sent.elapsed();
     assert_eq!(got, b"abc");
-    assert!(took >= Duration::from_millis(600), "{took:?}");
-    assert!(
-        took < Duration::from_millis(1000),
-        "delays added up: {took:?}"
+    assert!(took >= delay + Duration::from_millis(200), "{took:?}");
+    let order: Vec<String> = arrived.iter().take(2).collect();
+    assert_eq!(
+        order,
+        [
+            "all three".to_owned(),
+            format!("reference {:?}", b"r".to_vec())
+        ],
+        "the last chunk waited behind the delays of the chunks before it"
     );
 }
 
