@@ -23,15 +23,21 @@ const PRINT_TOKEN: &str = "echo $LEASEWRAP_FENCING_TOKEN";
 /// A command that does not exist anywhere on PATH.
 const NO_SUCH_COMMAND: &str = "leasewrap-test-no-such-command";
 
+/// The next holder of `name`, run with `-n` once the old holder's tree is gone, gets token 2.
+#[track_caller]
+fn assert_next_holder_gets_token_2(sb: &Sandbox, name: &str) {
+    assert_eq!(token_run(sb, name, &["-n"]), 2, "token of the next holder");
+}
+
+/// `lw` run to the end with `sh -c SCRIPT` as its command.
+fn sh_output(lw: Leasewrap, script: &str) -> Output {
+    lw.cmd(&["sh", "-c", script]).output()
+}
+
 /// Runs a child that prints its token, asserts success, and returns the token.
 #[track_caller]
 fn token_run(sb: &Sandbox, name: &str, extra: &[&str]) -> u64 {
-    let out = sb
-        .leasewrap()
-        .name(name)
-        .args(extra)
-        .cmd(&["sh", "-c", PRINT_TOKEN])
-        .output();
+    let out = sh_output(sb.leasewrap().name(name).args(extra), PRINT_TOKEN);
     assert_exit(&out, 0);
     out.stdout
         .trim()
@@ -54,11 +60,10 @@ fn path_str(path: &Path) -> &str {
 fn fencing_token_grows_by_one_per_run_and_name_is_set() {
     let sb = Sandbox::new();
     for expected in 1..=3 {
-        let out = sb
-            .leasewrap()
-            .name("tokens")
-            .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN $LEASEWRAP_NAME"])
-            .output();
+        let out = sh_output(
+            sb.leasewrap().name("tokens"),
+            "echo $LEASEWRAP_FENCING_TOKEN $LEASEWRAP_NAME",
+        );
         assert_exit(&out, 0);
         assert_eq!(
             out.stdout,
@@ -70,88 +75,61 @@ fn fencing_token_grows_by_one_per_run_and_name_is_set() {
     assert_eq!(sb.token("tokens"), Some(3), "token file after three runs");
 }
 
-#[test]
-fn no_wait_exits_75_while_the_lease_is_held() {
-    let sb = Sandbox::new();
-    let holder = hold(&sb, "busy", "first");
+/// Runs `touch MARKER` for `name` with `args` while another holder has `name`, asserts exit
+/// `code` and that the command did not run, and returns the output once the holder is done.
+#[track_caller]
+fn refused_while_held(sb: &Sandbox, name: &str, args: &[&str], code: i32) -> Output {
+    let holder = hold(sb, name, "first");
     let marker = sb.path("second.ran");
     let out = sb
         .leasewrap()
-        .name("busy")
-        .args(&["-n"])
+        .name(name)
+        .args(args)
         .cmd(&["touch", path_str(&marker)])
         .output();
-    assert_exit(&out, 75);
+    assert_exit(&out, code);
     assert!(
         !marker.exists(),
         "the second command ran although the lease was held"
     );
     holder.finish();
+    out
+}
+
+#[test]
+fn no_wait_exits_75_while_the_lease_is_held() {
+    let sb = Sandbox::new();
+    refused_while_held(&sb, "busy", &["-n"], 75);
     assert_eq!(sb.token("busy"), Some(1), "the refused run moved the token");
 }
 
 #[test]
 fn no_wait_with_conflict_exit_code_0_exits_0_without_running() {
-    let sb = Sandbox::new();
-    let holder = hold(&sb, "busy0", "first");
-    let marker = sb.path("second.ran");
-    let out = sb
-        .leasewrap()
-        .name("busy0")
-        .args(&["-n", "-E", "0"])
-        .cmd(&["touch", path_str(&marker)])
-        .output();
-    assert_exit(&out, 0);
-    assert!(
-        !marker.exists(),
-        "the second command ran although the lease was held"
-    );
-    holder.finish();
+    refused_while_held(&Sandbox::new(), "busy0", &["-n", "-E", "0"], 0);
 }
 
 #[test]
 fn bounded_wait_gives_up_with_75_after_the_wait() {
-    let sb = Sandbox::new();
-    let holder = hold(&sb, "waiting", "first");
-    let marker = sb.path("second.ran");
-    let out = sb
-        .leasewrap()
-        .name("waiting")
-        .args(&["-w", "300ms"])
-        .cmd(&["touch", path_str(&marker)])
-        .output();
-    assert_exit(&out, 75);
+    let out = refused_while_held(&Sandbox::new(), "waiting", &["-w", "300ms"], 75);
     assert!(
         out.elapsed >= Duration::from_millis(300),
         "gave up after {:?}",
         out.elapsed
     );
-    assert!(
-        !marker.exists(),
-        "the second command ran although the lease was held"
-    );
-    holder.finish();
 }
 
 #[test]
 fn child_exit_status_passes_through() {
     let sb = Sandbox::new();
     for code in [0, 7] {
-        let out = sb
-            .leasewrap()
-            .name("status")
-            .cmd(&["sh", "-c", &format!("exit {code}")])
-            .output();
+        let out = sh_output(sb.leasewrap().name("status"), &format!("exit {code}"));
         assert_exit(&out, code);
     }
 }
 
 #[test]
 fn child_killed_by_sigsegv_makes_leasewrap_die_of_sigsegv_without_core() {
-    let out = Leasewrap::new()
-        .name("segv")
-        .cmd(&["sh", "-c", "ulimit -c 0; kill -SEGV $$"])
-        .output();
+    let out = sh_output(Leasewrap::new().name("segv"), "ulimit -c 0; kill -SEGV $$");
     assert_signaled(&out, Signal::SIGSEGV);
     assert!(
         !out.status.core_dumped(),
@@ -161,21 +139,17 @@ fn child_killed_by_sigsegv_makes_leasewrap_die_of_sigsegv_without_core() {
 
 #[test]
 fn child_killed_by_sigkill_makes_leasewrap_die_of_sigkill() {
-    let out = Leasewrap::new()
-        .name("selfkill")
-        .cmd(&["sh", "-c", "kill -KILL $$"])
-        .output();
+    let out = sh_output(Leasewrap::new().name("selfkill"), "kill -KILL $$");
     assert_signaled(&out, Signal::SIGKILL);
 }
 
 #[test]
 fn a_shell_sees_139_and_137_when_the_child_dies_of_sigsegv_and_sigkill() {
     for (sig, shell_status) in [("SEGV", "139"), ("KILL", "137")] {
-        let out = Leasewrap::new()
-            .name("shellsees")
-            .cmd(&["sh", "-c", &format!("ulimit -c 0; kill -{sig} $$")])
-            .via_shell()
-            .output();
+        let out = sh_output(
+            Leasewrap::new().name("shellsees").via_shell(),
+            &format!("ulimit -c 0; kill -{sig} $$"),
+        );
         assert_exit(&out, 0);
         assert_eq!(
             out.stdout.lines().last(),
@@ -186,34 +160,25 @@ fn a_shell_sees_139_and_137_when_the_child_dies_of_sigsegv_and_sigkill() {
     }
 }
 
+/// Runs a command that does not exist for `name` and asserts exit 127.
+#[track_caller]
+fn missing_command_exits_127(sb: &Sandbox, name: &str) {
+    let out = sb.leasewrap().name(name).cmd(&[NO_SUCH_COMMAND]).output();
+    assert_exit(&out, 127);
+}
+
 #[test]
 fn missing_command_exits_127_and_does_not_move_the_token() {
     let sb = Sandbox::new();
-    let out = sb
-        .leasewrap()
-        .name("missing")
-        .cmd(&[NO_SUCH_COMMAND])
-        .output();
-    assert_exit(&out, 127);
-    assert_eq!(
-        sb.token("missing"),
-        None,
-        "a run that never started its command took a token"
-    );
-    assert_eq!(token_run(&sb, "missing", &[]), 1);
-
-    let out = sb
-        .leasewrap()
-        .name("missing")
-        .cmd(&[NO_SUCH_COMMAND])
-        .output();
-    assert_exit(&out, 127);
-    assert_eq!(
-        sb.token("missing"),
-        Some(1),
-        "a run that never started its command moved the token"
-    );
-    assert_eq!(token_run(&sb, "missing", &[]), 2);
+    for (before, next, what) in [(None, 1, "took a token"), (Some(1), 2, "moved the token")] {
+        missing_command_exits_127(&sb, "missing");
+        assert_eq!(
+            sb.token("missing"),
+            before,
+            "a run that never started its command {what}"
+        );
+        assert_eq!(token_run(&sb, "missing", &[]), next);
+    }
 }
 
 #[test]
@@ -242,12 +207,7 @@ fn missing_command_is_reported_before_waiting_for_a_busy_lease() {
     let sb = Sandbox::new();
     let holder = hold(&sb, "checkfirst", "first");
     // No -n: if the command were resolved only after acquiring, this would wait for the holder.
-    let out = sb
-        .leasewrap()
-        .name("checkfirst")
-        .cmd(&[NO_SUCH_COMMAND])
-        .output();
-    assert_exit(&out, 127);
+    missing_command_exits_127(&sb, "checkfirst");
     holder.finish();
 }
 
@@ -363,7 +323,7 @@ fn sigkilled_leasewrap_leaves_no_tree(name: &str, whole_group: bool) {
     tree.leasewrap.wait_timeout(Duration::from_secs(1));
     assert_signaled(&tree.leasewrap, Signal::SIGKILL);
     tree.assert_gone();
-    assert_eq!(token_run(&sb, name, &["-n"]), 2, "token of the next holder");
+    assert_next_holder_gets_token_2(&sb, name);
 }
 
 #[test]
@@ -421,15 +381,18 @@ fn after_sigkill_to_leasewrap_the_queued_holder_starts_only_once_the_old_tree_is
 #[test]
 fn sigkill_to_the_watchdog_kills_the_whole_tree_including_a_daemon() {
     let sb = Sandbox::new();
-    let mut tree = start_tree(&sb, sb.leasewrap().name("watchdog"));
-    signal::kill(Pid::from_raw(tree.watchdog), Signal::SIGKILL).expect("kill the watchdog");
+    signal_the_watchdog(&sb, "watchdog", Signal::SIGKILL);
+    assert_next_holder_gets_token_2(&sb, "watchdog");
+}
+
+/// Sends `sig` to the watchdog of a tree held as `name` (its child and daemon ignore SIGTERM),
+/// asserts that the whole tree goes, and returns leasewrap once it has exited.
+fn signal_the_watchdog(sb: &Sandbox, name: &str, sig: Signal) -> Running {
+    let mut tree = start_tree(sb, sb.leasewrap().name(name));
+    signal::kill(Pid::from_raw(tree.watchdog), sig).expect("signal the watchdog");
     tree.assert_gone();
     tree.leasewrap.wait_timeout(STARTUP);
-    assert_eq!(
-        token_run(&sb, "watchdog", &["-n"]),
-        2,
-        "token of the next holder"
-    );
+    tree.leasewrap
 }
 
 #[test]
@@ -476,11 +439,7 @@ fn sigterm_to_leasewrap_while_the_watchdog_is_stopped_still_stops_the_whole_tree
     tree.assert_gone();
     tree.leasewrap.wait_timeout(STARTUP);
     assert_exit(&tree.leasewrap, 125);
-    assert_eq!(
-        token_run(&sb, "stopped-watchdog", &["-n"]),
-        2,
-        "token of the next holder"
-    );
+    assert_next_holder_gets_token_2(&sb, "stopped-watchdog");
 }
 
 #[test]
@@ -528,16 +487,9 @@ fn sigterm_to_the_watchdog_itself_stops_the_whole_tree_in_order() {
     // `pkill leasewrap` matches its name, leasewrap-wd). The child and
     // the daemon ignore SIGTERM: they are SIGKILLed after --kill-after, and all reaped.
     let sb = Sandbox::new();
-    let mut tree = start_tree(&sb, sb.leasewrap().name("pkill"));
-    signal::kill(Pid::from_raw(tree.watchdog), Signal::SIGTERM).expect("TERM the watchdog");
-    tree.assert_gone();
-    tree.leasewrap.wait_timeout(STARTUP);
-    assert_signaled(&tree.leasewrap, Signal::SIGKILL);
-    assert_eq!(
-        token_run(&sb, "pkill", &["-n"]),
-        2,
-        "token of the next holder"
-    );
+    let leasewrap = signal_the_watchdog(&sb, "pkill", Signal::SIGTERM);
+    assert_signaled(&leasewrap, Signal::SIGKILL);
+    assert_next_holder_gets_token_2(&sb, "pkill");
 }
 
 /// The attack on the child's pid, as a script for `unshare --pid --fork --mount-proc`: in a pid
@@ -645,25 +597,36 @@ fn after_the_watchdog_dies_mid_sweep_leasewrap_spares_a_process_that_took_the_ch
     childs_pid_is_reserved_through_the_sweep(true);
 }
 
+/// Spawns `lw` with a `sh -c` child that runs `setup`, writes its pid and execs `sleep 60`;
+/// returns leasewrap, the child's pid once it is written, and a guard that kills the child.
+fn spawn_sleeper(sb: &Sandbox, lw: Leasewrap, setup: &str) -> (Running, i32, KillOnDrop) {
+    let pid_file = sb.path("child.pid");
+    let script = format!(
+        "{setup}; {}; exec sleep 60",
+        atomically("echo $$", &pid_file)
+    );
+    let lw = lw.cmd(&["sh", "-c", &script]).spawn();
+    let child = read_pid(&pid_file, STARTUP);
+    (lw, child, KillOnDrop(vec![child]))
+}
+
+#[track_caller]
+fn assert_child_gone(child: i32) {
+    assert!(
+        !pid_alive(child),
+        "the child outlived leasewrap: {}",
+        cmdline(child)
+    );
+}
+
 #[test]
 fn child_ignoring_sigterm_is_sigkilled_after_kill_after() {
     let sb = Sandbox::new();
-    let pid_file = sb.path("child.pid");
-    let mut lw = sb
+    let lw = sb
         .leasewrap()
         .name("stubborn")
-        .args(&["--kill-after", "1s"])
-        .cmd(&[
-            "sh",
-            "-c",
-            &format!(
-                "trap '' TERM; {}; exec sleep 60",
-                atomically("echo $$", &pid_file)
-            ),
-        ])
-        .spawn();
-    let child = read_pid(&pid_file, STARTUP);
-    let _guard = KillOnDrop(vec![child]);
+        .args(&["--kill-after", "1s"]);
+    let (mut lw, child, _guard) = spawn_sleeper(&sb, lw, "trap '' TERM");
     let sent = Instant::now();
     lw.kill(Signal::SIGTERM);
     lw.wait_timeout(Duration::from_secs(4));
@@ -672,11 +635,7 @@ fn child_ignoring_sigterm_is_sigkilled_after_kill_after() {
         elapsed >= Duration::from_secs(1),
         "leasewrap exited {elapsed:?} after SIGTERM, before --kill-after"
     );
-    assert!(
-        !pid_alive(child),
-        "the child outlived leasewrap: {}",
-        cmdline(child)
-    );
+    assert_child_gone(child);
 }
 
 /// `ls -l /proc/PID/fd` output as (fd, target) pairs, by fd (ls sorts "10" before "2").
@@ -705,10 +664,7 @@ fn child_has_only_stdin_stdout_and_stderr_open() {
     // Whatever the test process itself lets children inherit is not leasewrap's doing.
     let inherited = fd_table(&String::from_utf8_lossy(&baseline.stdout));
 
-    let out = Leasewrap::new()
-        .name("fds")
-        .cmd(&["sh", "-c", list_fds])
-        .output();
+    let out = sh_output(Leasewrap::new().name("fds"), list_fds);
     assert_exit(&out, 0);
     let table = fd_table(&out.stdout);
     let fds: Vec<u32> = table.iter().map(|(fd, _)| *fd).collect();
@@ -765,27 +721,12 @@ fn child_environment_has_token_and_name_but_no_secrets() {
 #[test]
 fn removing_the_lock_file_stops_the_child_and_exits_124() {
     let sb = Sandbox::new();
-    let pid_file = sb.path("child.pid");
-    let mut lw = sb
-        .leasewrap()
-        .name("unlinked")
-        .args(&["--ttl", "1s"])
-        .cmd(&[
-            "sh",
-            "-c",
-            &format!("{}; exec sleep 60", atomically("echo $$", &pid_file)),
-        ])
-        .spawn();
-    let child = read_pid(&pid_file, STARTUP);
-    let _guard = KillOnDrop(vec![child]);
+    let lw = sb.leasewrap().name("unlinked").args(&["--ttl", "1s"]);
+    let (mut lw, child, _guard) = spawn_sleeper(&sb, lw, ":");
     fs::remove_file(sb.lock_file("unlinked")).expect("remove the lock file");
     lw.wait_timeout(Duration::from_secs(3));
     assert_exit(&lw, 124);
-    assert!(
-        !pid_alive(child),
-        "the child outlived leasewrap: {}",
-        cmdline(child)
-    );
+    assert_child_gone(child);
 }
 
 #[test]

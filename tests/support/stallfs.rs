@@ -224,8 +224,13 @@ impl Passthrough {
         FileHandle(fh)
     }
 
-    /// Sync `file` once the gate is open, on a thread of its own, then answer.
-    fn sync(&self, file: Arc<File>, data_only: bool, reply: ReplyEmpty) {
+    /// Sync `file` once the gate is open, on a thread of its own, then answer; answer at once
+    /// with the error if there is no file to sync.
+    fn sync(&self, file: Result<Arc<File>, Errno>, data_only: bool, reply: ReplyEmpty) {
+        let file = match file {
+            Ok(file) => file,
+            Err(e) => return reply.error(e),
+        };
         let gate = self.gate.clone();
         thread::spawn(move || {
             gate.pass();
@@ -236,6 +241,20 @@ impl Passthrough {
             };
             answer(reply, done);
         });
+    }
+
+    /// Makes the entry `name` in `parent` with `make`, given its path and `mode`; returns the
+    /// new entry's attributes and what `make` returned.
+    fn make<T>(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        make: impl FnOnce(&Path, u32) -> io::Result<T>,
+    ) -> Result<(FileAttr, T), Errno> {
+        let path = self.child(parent, name)?;
+        let made = make(&path, mode).map_err(errno)?;
+        Ok((self.look(&path)?, made))
     }
 
     /// A renamed path takes its descendants' known paths with it.
@@ -329,12 +348,11 @@ impl Filesystem for Passthrough {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let made = self.child(parent, name).and_then(|p| {
-            fs::create_dir(&p).map_err(errno)?;
-            fs::set_permissions(&p, fs::Permissions::from_mode(mode & !umask)).map_err(errno)?;
-            self.look(&p)
+        let made = self.make(parent, name, mode & !umask, |path, mode| {
+            fs::create_dir(path)?;
+            fs::set_permissions(path, fs::Permissions::from_mode(mode))
         });
-        entry(reply, made);
+        entry(reply, made.map(|(a, ())| a));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -392,10 +410,8 @@ impl Filesystem for Passthrough {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let created = self.child(parent, name).and_then(|p| {
-            let mut o = open_options(flags);
-            let f = o.create(true).mode(mode & !umask).open(&p).map_err(errno)?;
-            Ok((self.look(&p)?, f))
+        let created = self.make(parent, name, mode & !umask, |path, mode| {
+            open_options(flags).create(true).mode(mode).open(path)
         });
         match created {
             Ok((a, f)) => reply.created(
@@ -494,10 +510,7 @@ impl Filesystem for Passthrough {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.file(fh) {
-            Ok(f) => self.sync(f, datasync, reply),
-            Err(e) => reply.error(e),
-        }
+        self.sync(self.file(fh), datasync, reply);
     }
 
     fn readdir(
@@ -547,10 +560,8 @@ impl Filesystem for Passthrough {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.path(ino).and_then(|p| File::open(p).map_err(errno)) {
-            Ok(dir) => self.sync(Arc::new(dir), datasync, reply),
-            Err(e) => reply.error(e),
-        }
+        let dir = self.path(ino).and_then(|p| File::open(p).map_err(errno));
+        self.sync(dir.map(Arc::new), datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
