@@ -9,6 +9,7 @@
 //! itself (a fault begins half a TTL after the child started and lasts 2 x TTL) or the assertion
 //! itself (a marker that must not appear within a bound).
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -340,13 +341,33 @@ fn fencing_token_is_the_lock_keys_create_revision(v: Version) {
         ("LEASEWRAP_ENDPOINTS", etcd.endpoint()),
         ("LEASEWRAP_PREFIX", prefix.clone()),
     ];
+    assert_child_env_has(&env, &expect);
+    assert_holder_record(kv, holder.run.pid());
+
+    holder.release();
+    holder.finish_with(0);
+    assert!(keys(etcd, &prefix).is_empty(), "the key outlived the run");
+    assert!(
+        lease_is_gone(etcd, &lease_hex),
+        "the lease was not revoked on exit"
+    );
+}
+
+#[track_caller]
+fn assert_child_env_has(env: &HashMap<String, String>, expect: &[(&str, String)]) {
     for (name, want) in expect {
         assert_eq!(
-            env.get(name),
-            Some(&want),
+            env.get(*name),
+            Some(want),
             "{name} in the child's environment"
         );
     }
+}
+
+/// The lock key's value is the holder record: JSON with host, pid, command and start, and the
+/// pid is leasewrap's.
+#[track_caller]
+fn assert_holder_record(kv: &Kv, leasewrap_pid: i32) {
     let record: serde_json::Value = serde_json::from_str(&kv.value)
         .unwrap_or_else(|e| panic!("the key's value is not JSON ({e}): {:?}", kv.value));
     for field in ["host", "pid", "command", "start"] {
@@ -357,16 +378,8 @@ fn fencing_token_is_the_lock_keys_create_revision(v: Version) {
     }
     assert_eq!(
         record["pid"].as_i64(),
-        Some(holder.run.pid() as i64),
+        Some(leasewrap_pid as i64),
         "{record}"
-    );
-
-    holder.release();
-    holder.finish_with(0);
-    assert!(keys(etcd, &prefix).is_empty(), "the key outlived the run");
-    assert!(
-        lease_is_gone(etcd, &lease_hex),
-        "the lease was not revoked on exit"
     );
 }
 
@@ -408,7 +421,13 @@ fn contenders_never_overlap_and_tokens_strictly_increase(v: Version) {
         took.as_secs_f64() * 1e3 / (CONTENDERS * ROUNDS) as f64
     );
 
-    let text = fs::read_to_string(&log).expect("read log");
+    assert_log_has_one_holder_at_a_time(&fs::read_to_string(&log).expect("read log"));
+}
+
+/// Each holder's start and end lines in `text` are a pair, one pair after another, each
+/// starting after the one before ended, with tokens strictly increasing.
+#[track_caller]
+fn assert_log_has_one_holder_at_a_time(text: &str) {
     let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
     assert_eq!(lines.len(), 2 * CONTENDERS * ROUNDS, "log:\n{text}");
     let mut last: Option<(u64, i128)> = None;
@@ -657,38 +676,11 @@ fn holder_stopped_for_two_ttls(v: Version, stopped: Stopped) {
     let a_child = a.child();
     let a_lease = a.var("LEASEWRAP_LEASE_ID");
     let leasewrap_pid = a.run.pid();
-    let watchdog = ppid_of(a_child).expect("the child's parent");
-    assert_ne!(
-        watchdog, leasewrap_pid,
-        "the child's parent is leasewrap, not a watchdog"
-    );
-    assert_eq!(
-        ppid_of(watchdog),
-        Some(leasewrap_pid),
-        "the watchdog is not leasewrap's child"
-    );
+    assert_a_watchdog_between(leasewrap_pid, a_child);
     let mut c = Job::spawn(lw(), Marks::new(&sb, "c"), false);
     wait_for_key_count(etcd, &prefix, 2, STARTUP);
 
-    let _resume = ContinueOnDrop(stopped, leasewrap_pid);
-    into_the_second_renewal_interval(&a);
-    stopped
-        .signal(leasewrap_pid, Signal::SIGSTOP)
-        .expect("SIGSTOP");
-    let (paused, paused_ns) = (Instant::now(), now_ns());
-    wait_until(Duration::from_secs(1), "leasewrap to stop", || {
-        proc_state(leasewrap_pid) == Some('T')
-    });
-    let takeover = watch_takeover(&a, &c, paused_ns, TAKEOVER_BOUND);
-    keep_fault_until(paused + 2 * TTL);
-    assert_eq!(
-        proc_state(leasewrap_pid),
-        Some('T'),
-        "leasewrap was no longer stopped before SIGCONT"
-    );
-    stopped
-        .signal(leasewrap_pid, Signal::SIGCONT)
-        .expect("SIGCONT");
+    let takeover = stop_for_two_ttls_while_c_takes_over(stopped, &a, &c);
 
     a.wait(Duration::from_secs(3));
     assert_exit(&a.run, 124);
@@ -708,6 +700,48 @@ fn holder_stopped_for_two_ttls(v: Version, stopped: Stopped) {
     );
     c.release();
     c.finish_with(0);
+}
+
+/// The child's parent is a watchdog, and the watchdog is leasewrap's child.
+#[track_caller]
+fn assert_a_watchdog_between(leasewrap_pid: i32, child: i32) {
+    let watchdog = ppid_of(child).expect("the child's parent");
+    assert_ne!(
+        watchdog, leasewrap_pid,
+        "the child's parent is leasewrap, not a watchdog"
+    );
+    assert_eq!(
+        ppid_of(watchdog),
+        Some(leasewrap_pid),
+        "the watchdog is not leasewrap's child"
+    );
+}
+
+/// SIGSTOPs `a`'s leasewrap (or its group) in its second renewal interval, watches `c` take
+/// over, and SIGCONTs it 2 x TTL after the stop, asserting it stayed stopped till then.
+#[track_caller]
+fn stop_for_two_ttls_while_c_takes_over(stopped: Stopped, a: &Job, c: &Job) -> Takeover {
+    let leasewrap_pid = a.run.pid();
+    let _resume = ContinueOnDrop(stopped, leasewrap_pid);
+    into_the_second_renewal_interval(a);
+    stopped
+        .signal(leasewrap_pid, Signal::SIGSTOP)
+        .expect("SIGSTOP");
+    let (paused, paused_ns) = (Instant::now(), now_ns());
+    wait_until(Duration::from_secs(1), "leasewrap to stop", || {
+        proc_state(leasewrap_pid) == Some('T')
+    });
+    let takeover = watch_takeover(a, c, paused_ns, TAKEOVER_BOUND);
+    keep_fault_until(paused + 2 * TTL);
+    assert_eq!(
+        proc_state(leasewrap_pid),
+        Some('T'),
+        "leasewrap was no longer stopped before SIGCONT"
+    );
+    stopped
+        .signal(leasewrap_pid, Signal::SIGCONT)
+        .expect("SIGCONT");
+    takeover
 }
 
 fn a_stop_waits_the_kill_after_of_the_granted_ttl(v: Version) {
@@ -819,39 +853,7 @@ fn killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay
     into_the_second_renewal_interval(&a);
     let killed = Instant::now();
     cluster.kill(leader);
-    // Past this instant no deadline given by a renewal sent before the kill can hold the child.
-    let past_old_deadlines = killed + TTL + Duration::from_secs(1);
-    let outcome = loop {
-        if a.run.try_status().is_some() {
-            assert_exit(&a.run, 124);
-            assert!(!pid_alive(child), "leasewrap exited, its child runs");
-            break "stopped by the deadline (124)";
-        }
-        if Instant::now() >= past_old_deadlines && pid_alive(child) {
-            assert!(
-                !lease_is_gone(&cluster, &lease),
-                "the child runs {:?} after the leader was killed but etcd has let the lease go",
-                killed.elapsed()
-            );
-            a.release();
-            a.wait(STARTUP);
-            let code = a.run.try_status().and_then(|s| s.code());
-            assert!(
-                matches!(code, Some(0 | 124)),
-                "after renewals carried on, leasewrap ended with {:?}{}",
-                a.run.try_status(),
-                a.run.stderr()
-            );
-            break "kept running: renewals carried on";
-        }
-        assert!(
-            killed.elapsed() < LEADER_KILL_BOUND,
-            "the child is {} but leasewrap still runs {:?} after the leader was killed",
-            if pid_alive(child) { "alive" } else { "dead" },
-            killed.elapsed()
-        );
-        thread::sleep(POLL);
-    };
+    let outcome = after_the_leader_kill(&cluster, &mut a, child, &lease, killed);
     eprintln!(
         "F8 etcd {} leader (member {leader}) killed: {outcome}",
         v.number()
@@ -876,7 +878,59 @@ fn killing_the_cluster_leader_keeps_the_lease_or_stops_the_child_and_tokens_stay
     next_run(&cluster);
     cluster.restart(leader);
     next_run(&cluster);
-    let text = fs::read_to_string(&tokens).expect("read tokens");
+    assert_three_increasing_tokens(&tokens);
+}
+
+/// Follows `a` (its child and lease) after the leader was killed at `killed`: either leasewrap
+/// stops the child and exits 124, or, past every deadline a renewal sent before the kill can
+/// give, the child still runs on a lease etcd keeps and leasewrap ends well once released.
+#[track_caller]
+fn after_the_leader_kill(
+    cluster: &Cluster,
+    a: &mut Job,
+    child: i32,
+    lease: &str,
+    killed: Instant,
+) -> &'static str {
+    // Past this instant no deadline given by a renewal sent before the kill can hold the child.
+    let past_old_deadlines = killed + TTL + Duration::from_secs(1);
+    loop {
+        if a.run.try_status().is_some() {
+            assert_exit(&a.run, 124);
+            assert!(!pid_alive(child), "leasewrap exited, its child runs");
+            return "stopped by the deadline (124)";
+        }
+        if Instant::now() >= past_old_deadlines && pid_alive(child) {
+            assert!(
+                !lease_is_gone(cluster, lease),
+                "the child runs {:?} after the leader was killed but etcd has let the lease go",
+                killed.elapsed()
+            );
+            a.release();
+            a.wait(STARTUP);
+            let code = a.run.try_status().and_then(|s| s.code());
+            assert!(
+                matches!(code, Some(0 | 124)),
+                "after renewals carried on, leasewrap ended with {:?}{}",
+                a.run.try_status(),
+                a.run.stderr()
+            );
+            return "kept running: renewals carried on";
+        }
+        assert!(
+            killed.elapsed() < LEADER_KILL_BOUND,
+            "the child is {} but leasewrap still runs {:?} after the leader was killed",
+            if pid_alive(child) { "alive" } else { "dead" },
+            killed.elapsed()
+        );
+        thread::sleep(POLL);
+    }
+}
+
+/// The tokens file holds three tokens, strictly increasing.
+#[track_caller]
+fn assert_three_increasing_tokens(tokens: &Path) {
+    let text = fs::read_to_string(tokens).expect("read tokens");
     let seen: Vec<u64> = text.lines().map(|l| l.parse().expect("token")).collect();
     assert_eq!(seen.len(), 3, "tokens: {seen:?}");
     assert!(

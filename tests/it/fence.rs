@@ -129,9 +129,43 @@ fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
     let sandbox = Sandbox::new();
     let dest = sandbox.path("report.csv");
     assert_eq!(write(&dest, 1, &content(1)).status.code(), Some(0));
+    killed_while_spooling_leaves_dest_as_it_was(&sandbox, &dest);
 
-    // Killed with half of its input in the temp file: DEST is the old file, the token unchanged.
-    let mut writer = start_write(&dest, 2);
+    // Killed at random points, with its input cut anywhere or complete (then it may be renaming,
+    // syncing or recording): DEST is whole, and new data never replaces DEST before its token is
+    // recorded.
+    let mut rng = Rng::new("kill points");
+    let started = Instant::now();
+    assert_eq!(write(&dest, 2, &content(2)).status.code(), Some(0));
+    let whole_run = started.elapsed().as_micros() as u64;
+    let mut points = KillPoints {
+        current: 2,
+        fence: 2,
+        replaced: 0,
+        ahead: 0,
+    };
+    for token in 3..23 {
+        kill_a_writer_at_random(&mut rng, &dest, token, whole_run);
+        points.check(&dest, token);
+    }
+    eprintln!(
+        "kill points: {} of 20 writers killed within 2 x {whole_run} us had replaced DEST; \
+         {} had recorded their token but not yet replaced DEST",
+        points.replaced, points.ahead
+    );
+    assert_eq!(write(&dest, 99, &content(99)).status.code(), Some(0));
+    assert!(fs::read(&dest).unwrap() == content(99));
+    assert!(
+        temp_files(&sandbox.path("")).is_empty(),
+        "the last write removed leftover temp files"
+    );
+}
+
+/// Killed with half of its input in the temp file: DEST is the old file (token 1's), the token
+/// unchanged, and no file is left behind.
+#[track_caller]
+fn killed_while_spooling_leaves_dest_as_it_was(sandbox: &Sandbox, dest: &Path) {
+    let mut writer = start_write(dest, 2);
     let new = content(2);
     let half = &new[..new.len() / 2];
     let mut stdin = writer.take_stdin();
@@ -148,73 +182,74 @@ fn a_writer_killed_mid_stream_leaves_dest_old_or_new_never_torn() {
     writer.kill(Signal::SIGKILL);
     writer.wait_timeout(BOUND);
     drop(stdin);
-    assert!(fs::read(&dest).unwrap() == content(1), "DEST changed");
-    assert_eq!(recorded(&dest), Some(1));
+    assert!(fs::read(dest).unwrap() == content(1), "DEST changed");
+    assert_eq!(recorded(dest), Some(1));
     assert_eq!(
         files_in(&sandbox.path("")),
         ["report.csv", "report.csv.fence", "state"],
         "a writer killed while spooling leaves no file behind"
     );
+}
 
-    // Killed at random points, with its input cut anywhere or complete (then it may be renaming,
-    // syncing or recording): DEST is whole, and new data never replaces DEST before its token is
-    // recorded.
-    let mut rng = Rng::new("kill points");
-    let started = Instant::now();
-    assert_eq!(write(&dest, 2, &content(2)).status.code(), Some(0));
-    let whole_run = started.elapsed().as_micros() as u64;
-    let (mut current, mut fence, mut replaced, mut ahead) = (2, 2, 0, 0);
-    for token in 3..23 {
-        let mut writer = start_write(&dest, token);
-        let data = content(token);
-        let mut stdin = writer.take_stdin();
-        if rng.below(3) == 0 {
-            // Cut anywhere, the pipe still open when the kill comes.
-            let cut = rng.below(data.len() as u64) as usize;
-            let _ = stdin.write_all(&data[..cut]);
-            std::mem::forget(stdin);
-        } else {
-            // All of it and EOF: the writer goes on to sync, rename and record.
-            let _ = stdin.write_all(&data);
-            drop(stdin);
-        }
-        // The kill point itself, not a wait for anything: anywhere in about two whole runs.
-        thread::sleep(Duration::from_micros(rng.below(2 * whole_run)));
-        writer.kill(Signal::SIGKILL);
-        writer.wait_timeout(BOUND);
-        let now = fs::read(&dest).unwrap();
-        let seen = recorded(&dest).unwrap();
+/// Starts writer `token`, gives it all its input or a cut of it, and SIGKILLs it at a random
+/// point within about two whole runs.
+fn kill_a_writer_at_random(rng: &mut Rng, dest: &Path, token: u64, whole_run: u64) {
+    let mut writer = start_write(dest, token);
+    let data = content(token);
+    let mut stdin = writer.take_stdin();
+    if rng.below(3) == 0 {
+        // Cut anywhere, the pipe still open when the kill comes.
+        let cut = rng.below(data.len() as u64) as usize;
+        let _ = stdin.write_all(&data[..cut]);
+        std::mem::forget(stdin);
+    } else {
+        // All of it and EOF: the writer goes on to sync, rename and record.
+        let _ = stdin.write_all(&data);
+        drop(stdin);
+    }
+    // The kill point itself, not a wait for anything: anywhere in about two whole runs.
+    thread::sleep(Duration::from_micros(rng.below(2 * whole_run)));
+    writer.kill(Signal::SIGKILL);
+    writer.wait_timeout(BOUND);
+}
+
+/// What the killed writers have left so far: the token whose data DEST holds, the token
+/// recorded, how many writers had replaced DEST and how many had only recorded their token.
+struct KillPoints {
+    current: u64,
+    fence: u64,
+    replaced: usize,
+    ahead: usize,
+}
+
+impl KillPoints {
+    /// After writer `token` was killed, DEST is whole: its data with its token recorded, or
+    /// the data before it with the fence at the old token or at `token`.
+    #[track_caller]
+    fn check(&mut self, dest: &Path, token: u64) {
+        let now = fs::read(dest).unwrap();
+        let seen = recorded(dest).unwrap();
         if now == content(token) {
             assert_eq!(
                 seen, token,
                 "token {token}'s data replaced DEST before its token was recorded"
             );
-            current = token;
-            replaced += 1;
+            self.current = token;
+            self.replaced += 1;
         } else {
             assert!(
-                now == content(current),
+                now == content(self.current),
                 "DEST is torn after killing writer {token}"
             );
             // The token is recorded before the rename: a kill in between leaves the fence ahead.
             assert!(
-                seen == fence || seen == token,
+                seen == self.fence || seen == token,
                 "token {seen} recorded by writer {token}"
             );
-            ahead += usize::from(seen == token && seen != fence);
+            self.ahead += usize::from(seen == token && seen != self.fence);
         }
-        fence = seen;
+        self.fence = seen;
     }
-    eprintln!(
-        "kill points: {replaced} of 20 writers killed within 2 x {whole_run} us had replaced DEST; \
-         {ahead} had recorded their token but not yet replaced DEST"
-    );
-    assert_eq!(write(&dest, 99, &content(99)).status.code(), Some(0));
-    assert!(fs::read(&dest).unwrap() == content(99));
-    assert!(
-        temp_files(&sandbox.path("")).is_empty(),
-        "the last write removed leftover temp files"
-    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -270,8 +305,12 @@ fn fenced_put_checks_the_lock_key(version: Version) {
         refused.stderr
     );
     assert_eq!(value(), "one", "nothing was written");
+    without_endpoints_fenced_put_is_a_one_line_usage_error();
+}
 
-    // No endpoints anywhere: a usage error in one line, before any connection.
+/// No endpoints anywhere: a usage error in one line, before any connection.
+#[track_caller]
+fn without_endpoints_fenced_put_is_a_one_line_usage_error() {
     let no_etcd = Leasewrap::subcommand("fenced-put")
         .args(&["--token", "5", "--lock-key", "k", "a", "b"])
         .output();
@@ -319,65 +358,17 @@ fn paused_leader(version: Version, resume: Resume) {
     fs::write(&dest, "v1 (before)\n").unwrap();
     let data_key = format!("{prefix}data");
     let p = |name: &str| sandbox.path(name);
-    let go = p("go");
-    let a_script = format!(
-        "{pid}; {token}
-         i=0; while [ ! -e {go} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i + 1)); done
-         [ -e {go} ] || exit 99
-         echo 'v2 (from A)' | {bin} fenced-write {dest}; {wrote}
-         {bin} fenced-put {data_key} 'from A'; {put}
-         exec sleep 1000",
-        pid = atomically("echo $$", &p("a.pid")),
-        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &p("a.token")),
-        go = q(&go),
-        bin = q(Path::new(BIN)),
-        dest = q(&dest),
-        wrote = atomically("echo $?", &p("a.write")),
-        put = atomically("echo $?", &p("a.put")),
-    );
     let mut a = report_lease(&sandbox, etcd, &prefix)
-        .shell(&a_script)
+        .shell(&paused_holders_script(&sandbox, &dest, &data_key))
         .spawn();
     let child = read_pid(&p("a.pid"), BOUND);
     let a_token: u64 = read_line_file(&p("a.token"), BOUND).parse().unwrap();
-    let watchdog = ppid_of(child).expect("A's child has a parent");
-    assert_eq!(
-        comm(watchdog),
-        "leasewrap-wd",
-        "the child's parent is the watchdog: {}",
-        cmdline(watchdog)
-    );
-    assert_eq!(
-        ppid_of(watchdog),
-        Some(a.pid()),
-        "the watchdog is A's leasewrap's child"
-    );
+    let watchdog = assert_watchdog_between(&a, child);
     let _cleanup = KillOnDrop(vec![child, watchdog]);
 
     // The opening case: everything of A stops at once.
-    kill(Pid::from_raw(a.pid()), Signal::SIGSTOP).unwrap();
-    kill(Pid::from_raw(watchdog), Signal::SIGSTOP).unwrap();
-    killpg(Pid::from_raw(child), Signal::SIGSTOP).unwrap();
-    let paused = Instant::now();
-    wait_until(BOUND, "A's tree to be stopped", || {
-        [a.pid(), watchdog, child]
-            .iter()
-            .all(|&pid| is_stopped(pid))
-    });
-
-    let b_script = format!(
-        "{token}
-         echo 'v2 (from B)' | {bin} fenced-write {dest} && {bin} fenced-put {data_key} 'from B'",
-        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &p("b.token")),
-        bin = q(Path::new(BIN)),
-        dest = q(&dest),
-    );
-    let mut b = report_lease(&sandbox, etcd, &prefix)
-        .shell(&b_script)
-        .spawn();
-    b.wait_timeout(2 * TTL + BOUND);
-    assert_exit(&b, 0);
-    let b_token: u64 = read_line_file(&p("b.token"), BOUND).parse().unwrap();
+    let paused = stop_all_of(&[a.pid(), watchdog], child);
+    let b_token = next_holder_writes(&sandbox, etcd, &prefix, &data_key);
     assert!(
         b_token > a_token,
         "B's token {b_token} is not above A's {a_token}"
@@ -385,31 +376,11 @@ fn paused_leader(version: Version, resume: Resume) {
     wait_until(3 * TTL, "2 x TTL since the pause", || {
         paused.elapsed() >= 2 * TTL
     });
-    fs::write(&go, "").unwrap();
+    fs::write(p("go"), "").unwrap();
 
-    killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
-    if resume == Resume::ChildFirst {
-        for (what, file) in [("fenced-write", "a.write"), ("fenced-put", "a.put")] {
-            let status = read_line_file(&p(file), BOUND);
-            assert_eq!(status, "73", "A's stale {what} was not refused");
-        }
-    }
-    kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
-    kill(Pid::from_raw(a.pid()), Signal::SIGCONT).unwrap();
-    let resumed = Instant::now();
-    assert_all_die_within(Duration::from_secs(1), &[("A's child", child)]);
-    let killed_after = resumed.elapsed();
+    let killed_after = resume_a(&sandbox, resume, (a.pid(), watchdog), child);
     let a_status = a.wait_timeout(BOUND);
-
-    for file in ["a.write", "a.put"] {
-        if let Ok(status) = fs::read_to_string(p(file)) {
-            assert_eq!(status.trim(), "73", "A's stale write ({file}) was accepted");
-        }
-    }
-    assert_eq!(fs::read_to_string(&dest).unwrap(), "v2 (from B)\n");
-    assert_eq!(recorded(&dest), Some(b_token));
-    let value = etcd.etcdctl_ok(&["get", "--print-value-only", &data_key]);
-    assert_eq!(value.trim(), "from B");
+    assert_only_bs_data_survived(&sandbox, etcd, &data_key, b_token);
     eprintln!(
         "F6 etcd {} {resume:?}: A's child dead {killed_after:?} after SIGCONT; A's writes: {:?} {:?}; \
          A's leasewrap ended {a_status}",
@@ -423,6 +394,117 @@ fn paused_leader(version: Version, resume: Resume) {
         "A's leasewrap must say its lease was lost; its log:\n{}",
         a.stderr()
     );
+}
+
+/// The next holder B takes the lease and writes DEST and `data_key` (fenced); returns its token.
+#[track_caller]
+fn next_holder_writes(sandbox: &Sandbox, etcd: &Etcd, prefix: &str, data_key: &str) -> u64 {
+    let b_script = format!(
+        "{token}
+         echo 'v2 (from B)' | {bin} fenced-write {dest} && {bin} fenced-put {data_key} 'from B'",
+        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &sandbox.path("b.token")),
+        bin = q(Path::new(BIN)),
+        dest = q(&sandbox.path("report.csv")),
+    );
+    let mut b = report_lease(sandbox, etcd, prefix).shell(&b_script).spawn();
+    b.wait_timeout(2 * TTL + BOUND);
+    assert_exit(&b, 0);
+    read_line_file(&sandbox.path("b.token"), BOUND)
+        .parse()
+        .unwrap()
+}
+
+/// The paused holder A's child: writes its pid and token, waits for `go`, then tries a
+/// fenced-write of DEST and a fenced-put of `data_key`, recording each one's status.
+fn paused_holders_script(sandbox: &Sandbox, dest: &Path, data_key: &str) -> String {
+    let p = |name: &str| sandbox.path(name);
+    format!(
+        "{pid}; {token}
+         i=0; while [ ! -e {go} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i + 1)); done
+         [ -e {go} ] || exit 99
+         echo 'v2 (from A)' | {bin} fenced-write {dest}; {wrote}
+         {bin} fenced-put {data_key} 'from A'; {put}
+         exec sleep 1000",
+        pid = atomically("echo $$", &p("a.pid")),
+        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &p("a.token")),
+        go = q(&p("go")),
+        bin = q(Path::new(BIN)),
+        dest = q(dest),
+        wrote = atomically("echo $?", &p("a.write")),
+        put = atomically("echo $?", &p("a.put")),
+    )
+}
+
+/// The child's parent is the watchdog, itself the child of leasewrap `a`; returns its pid.
+#[track_caller]
+fn assert_watchdog_between(a: &Running, child: i32) -> i32 {
+    let watchdog = ppid_of(child).expect("A's child has a parent");
+    assert_eq!(
+        comm(watchdog),
+        "leasewrap-wd",
+        "the child's parent is the watchdog: {}",
+        cmdline(watchdog)
+    );
+    assert_eq!(
+        ppid_of(watchdog),
+        Some(a.pid()),
+        "the watchdog is A's leasewrap's child"
+    );
+    watchdog
+}
+
+/// SIGSTOPs each of `pids` and the process group of `child`; returns when all of them are
+/// stopped, with the instant the stops were sent.
+fn stop_all_of(pids: &[i32], child: i32) -> Instant {
+    for &pid in pids {
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    }
+    killpg(Pid::from_raw(child), Signal::SIGSTOP).unwrap();
+    let paused = Instant::now();
+    wait_until(BOUND, "A's tree to be stopped", || {
+        pids.iter().chain([&child]).all(|&pid| is_stopped(pid))
+    });
+    paused
+}
+
+/// Resumes A as `resume` says (with ChildFirst, its stale writes are refused before the
+/// watchdog and leasewrap go on); A's child is then dead within a second. Returns how long after
+/// the watchdog's and leasewrap's SIGCONT it died.
+#[track_caller]
+fn resume_a(
+    sandbox: &Sandbox,
+    resume: Resume,
+    (leasewrap, watchdog): (i32, i32),
+    child: i32,
+) -> Duration {
+    killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
+    if resume == Resume::ChildFirst {
+        for (what, file) in [("fenced-write", "a.write"), ("fenced-put", "a.put")] {
+            let status = read_line_file(&sandbox.path(file), BOUND);
+            assert_eq!(status, "73", "A's stale {what} was not refused");
+        }
+    }
+    kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
+    kill(Pid::from_raw(leasewrap), Signal::SIGCONT).unwrap();
+    let resumed = Instant::now();
+    assert_all_die_within(Duration::from_secs(1), &[("A's child", child)]);
+    resumed.elapsed()
+}
+
+/// Every write of A that got an answer was refused; DEST and `data_key` hold B's data, and the
+/// fence B's token.
+#[track_caller]
+fn assert_only_bs_data_survived(sandbox: &Sandbox, etcd: &Etcd, data_key: &str, b_token: u64) {
+    for file in ["a.write", "a.put"] {
+        if let Ok(status) = fs::read_to_string(sandbox.path(file)) {
+            assert_eq!(status.trim(), "73", "A's stale write ({file}) was accepted");
+        }
+    }
+    let dest = sandbox.path("report.csv");
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "v2 (from B)\n");
+    assert_eq!(recorded(&dest), Some(b_token));
+    let value = etcd.etcdctl_ok(&["get", "--print-value-only", data_key]);
+    assert_eq!(value.trim(), "from B");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -522,27 +604,8 @@ fn clock_rate_within_drift(version: Version, rate: &str) {
 
     proxy.set_mode(Mode::Blackhole);
     let cut = Instant::now();
-    let contender_script = format!(
-        "exec 9>>{lock}; if flock -n -x 9; then r=ok; else r=OVERLAP; fi; {}",
-        atomically("echo $r", &p("contender.result"))
-    );
-    let mut contender = report_lease(&sandbox, etcd, &prefix)
-        .shell(&contender_script)
-        .spawn();
-    let (mut died, mut started) = (None, None);
-    wait_until(
-        3 * TTL + BOUND,
-        "the holder's child to die and the contender to start",
-        || {
-            if died.is_none() && !pid_alive(child) {
-                died = Some(cut.elapsed());
-            }
-            if started.is_none() && p("contender.result").exists() {
-                started = Some(cut.elapsed());
-            }
-            died.is_some() && started.is_some()
-        },
-    );
+    let mut contender = spawn_contender(&sandbox, etcd, &prefix, &lock);
+    let (died, started) = death_and_start_after(cut, child, &p("contender.result"));
     let result = read_line_file(&p("contender.result"), BOUND);
     assert_eq!(
         result, "ok",
@@ -559,9 +622,41 @@ fn clock_rate_within_drift(version: Version, rate: &str) {
     eprintln!(
         "F10 etcd {} rate {rate}: after the cut, holder's child dead at {:?}, contender's child at {:?}",
         version.number(),
-        died.unwrap(),
-        started.unwrap()
+        died,
+        started
     );
+}
+
+/// A contender for the lease whose child tries the holder's flock `lock` without waiting and
+/// records `ok` or `OVERLAP` in contender.result.
+fn spawn_contender(sandbox: &Sandbox, etcd: &Etcd, prefix: &str, lock: &str) -> Running {
+    let contender_script = format!(
+        "exec 9>>{lock}; if flock -n -x 9; then r=ok; else r=OVERLAP; fi; {}",
+        atomically("echo $r", &sandbox.path("contender.result"))
+    );
+    report_lease(sandbox, etcd, prefix)
+        .shell(&contender_script)
+        .spawn()
+}
+
+/// When, after `cut`, the holder's `child` was first seen dead and the contender's `result`
+/// file first seen; returns once both were.
+fn death_and_start_after(cut: Instant, child: i32, result: &Path) -> (Duration, Duration) {
+    let (mut died, mut started) = (None, None);
+    wait_until(
+        3 * TTL + BOUND,
+        "the holder's child to die and the contender to start",
+        || {
+            if died.is_none() && !pid_alive(child) {
+                died = Some(cut.elapsed());
+            }
+            if started.is_none() && result.exists() {
+                started = Some(cut.elapsed());
+            }
+            died.is_some() && started.is_some()
+        },
+    );
+    (died.unwrap(), started.unwrap())
 }
 
 #[test]
@@ -905,41 +1000,8 @@ impl Faked {
             Path::new(LIBFAKETIME_MT).is_file() && Path::new("/usr/bin/faketime").is_file(),
             "libfaketime is missing: install the Debian package faketime"
         );
-        let [endpoint, prefix, script] = *conn;
-        let state = sandbox.state();
-        let lw = [
-            "--local-dir",
-            state.to_str().unwrap(),
-            "--endpoints",
-            endpoint,
-            "--prefix",
-            prefix,
-            "--ttl",
-            "2s",
-            "--name",
-            "report",
-            "-v",
-            "--log-format",
-            "json",
-            "-c",
-            script,
-        ];
-        let mut cmd = if faketime.is_empty() {
-            let mut c = Command::new(BIN);
-            c.env("LD_PRELOAD", LIBFAKETIME_MT);
-            c
-        } else {
-            let mut c = Command::new("faketime");
-            c.arg("-m").args(faketime).arg(BIN);
-            c
-        };
-        cmd.args(lw);
-        clean_env(&mut cmd);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("FAKETIME") {
-                cmd.env_remove(&key);
-            }
-        }
+        let mut cmd = Faked::command(faketime);
+        cmd.args(Faked::leasewrap_args(&sandbox.state(), conn));
         cmd.envs(envs.iter().copied());
         let stderr = sandbox.path("leasewrap.log");
         let log = fs::File::create(&stderr).unwrap();
@@ -960,6 +1022,51 @@ impl Faked {
             leasewrap,
             stderr,
         }
+    }
+
+    /// leasewrap through `faketime -m FAKETIME...`, or with libfaketime preloaded when
+    /// `faketime` is empty; in a clean environment without the test's own FAKETIME variables.
+    fn command(faketime: &[&str]) -> Command {
+        let mut cmd = if faketime.is_empty() {
+            let mut c = Command::new(BIN);
+            c.env("LD_PRELOAD", LIBFAKETIME_MT);
+            c
+        } else {
+            let mut c = Command::new("faketime");
+            c.arg("-m").args(faketime).arg(BIN);
+            c
+        };
+        clean_env(&mut cmd);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("FAKETIME") {
+                cmd.env_remove(&key);
+            }
+        }
+        cmd
+    }
+
+    /// leasewrap's arguments for `conn` (endpoint, prefix, script), its state in `state`.
+    fn leasewrap_args(state: &Path, conn: &[&str; 3]) -> Vec<String> {
+        let [endpoint, prefix, script] = *conn;
+        [
+            "--local-dir",
+            state.to_str().unwrap(),
+            "--endpoints",
+            endpoint,
+            "--prefix",
+            prefix,
+            "--ttl",
+            "2s",
+            "--name",
+            "report",
+            "-v",
+            "--log-format",
+            "json",
+            "-c",
+            script,
+        ]
+        .map(str::to_owned)
+        .to_vec()
     }
 
     /// libfaketime is loaded into leasewrap (its clock calls go through it).

@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -217,25 +217,7 @@ fn missing_command_is_reported_before_waiting_for_a_busy_lease() {
 fn stop_signal_reaches_the_tree_and_hands_over(sig: Signal) {
     let sb = Sandbox::new();
     let name = "handover";
-    let trap = &sig.as_str()["SIG".len()..];
-    let grandchild = sb.script(
-        "grandchild.sh",
-        &format!(
-            "trap 'echo $$ > {got}; exit 0' {trap}\n{pid}\nsleep 60\necho woke > {got}.late",
-            got = q(&sb.path("grandchild.got")),
-            pid = atomically("echo $$", &sb.path("grandchild.pid")),
-        ),
-    );
-    // The grandchild runs in the foreground: a background job of sh would ignore SIGINT.
-    let child = sb.script(
-        "child.sh",
-        &format!(
-            "trap 'echo $$ > {got}; exit 42' {trap}\n{pid}\n{gc}\necho woke > {got}.late",
-            got = q(&sb.path("child.got")),
-            pid = atomically("echo $$", &sb.path("child.pid")),
-            gc = q(&grandchild),
-        ),
-    );
+    let child = trapping_child_and_grandchild(&sb, sig);
     let mut first = sb.leasewrap().name(name).cmd(&[path_str(&child)]).spawn();
     let child_pid = read_pid(&sb.path("child.pid"), STARTUP);
     let grandchild_pid = read_pid(&sb.path("grandchild.pid"), STARTUP);
@@ -263,21 +245,50 @@ fn stop_signal_reaches_the_tree_and_hands_over(sig: Signal) {
         sb.path("grandchild.got").exists(),
         "the grandchild never saw {sig}"
     );
-    for (what, pid) in [
+    assert_none_outlived_leasewrap(&[
         ("child", child_pid),
         ("grandchild", grandchild_pid),
         ("watchdog", watchdog),
-    ] {
+    ]);
+    let token = read_line_file(&second_token, Duration::from_secs(2));
+    assert_eq!(token, "2", "token of the waiter that took over");
+    second.wait_timeout(STARTUP);
+    assert_exit(&second, 0);
+}
+
+/// A child script whose child (the grandchild) runs in the foreground; both trap `sig`, record
+/// it in child.got and grandchild.got, and exit (the child with 42). Each writes its pid.
+fn trapping_child_and_grandchild(sb: &Sandbox, sig: Signal) -> PathBuf {
+    let trap = &sig.as_str()["SIG".len()..];
+    let grandchild = sb.script(
+        "grandchild.sh",
+        &format!(
+            "trap 'echo $$ > {got}; exit 0' {trap}\n{pid}\nsleep 60\necho woke > {got}.late",
+            got = q(&sb.path("grandchild.got")),
+            pid = atomically("echo $$", &sb.path("grandchild.pid")),
+        ),
+    );
+    // The grandchild runs in the foreground: a background job of sh would ignore SIGINT.
+    sb.script(
+        "child.sh",
+        &format!(
+            "trap 'echo $$ > {got}; exit 42' {trap}\n{pid}\n{gc}\necho woke > {got}.late",
+            got = q(&sb.path("child.got")),
+            pid = atomically("echo $$", &sb.path("child.pid")),
+            gc = q(&grandchild),
+        ),
+    )
+}
+
+#[track_caller]
+fn assert_none_outlived_leasewrap(procs: &[(&str, i32)]) {
+    for &(what, pid) in procs {
         assert!(
             !pid_alive(pid),
             "{what} (pid {pid}) outlived leasewrap: {}",
             cmdline(pid)
         );
     }
-    let token = read_line_file(&second_token, Duration::from_secs(2));
-    assert_eq!(token, "2", "token of the waiter that took over");
-    second.wait_timeout(STARTUP);
-    assert_exit(&second, 0);
 }
 
 #[test]

@@ -238,26 +238,7 @@ fn a_failed_run_is_retried_by_the_next_holder_and_then_skipped(on: On) {
         (Some("failed"), Some(1))
     );
     assert_eq!(failed["exit_status"], 3);
-    let second = fleet
-        .lw()
-        .args(&once)
-        .cmd(&fleet.job("second $LEASEWRAP_FENCING_TOKEN", 0))
-        .output();
-    assert_exit(&second, 0);
-    let third = fleet.lw().args(&once).cmd(&fleet.job("third", 0)).output();
-    assert_exit(&third, 75);
-    assert!(third.stderr.contains("already ran"), "{}", third.stderr);
-    let quiet = fleet
-        .lw()
-        .args(&once)
-        .args(&["-q", "-E", "0"])
-        .cmd(&fleet.job("fourth", 0))
-        .output();
-    assert_exit(&quiet, 0);
-    assert_eq!(
-        quiet.stderr, "",
-        "a skip under -q -E 0 is silent, so cron mails nothing"
-    );
+    the_second_runs_and_later_ones_are_skipped(&fleet, &once);
     let runs = fleet.runs();
     assert_eq!(runs.len(), 2, "{runs:?}");
     let done = fleet.record("nightly").unwrap();
@@ -271,6 +252,39 @@ fn a_failed_run_is_retried_by_the_next_holder_and_then_skipped(on: On) {
         "the record names the run that succeeded"
     );
     assert!(done["token"].as_u64() > failed["token"].as_u64());
+    assert_status_shows_the_retried_run(&fleet, &done);
+}
+
+/// After a failed run of `once`, the next run runs (exit 0) and the ones after it are skipped
+/// (75, "already ran"), silently under `-q -E 0`.
+#[track_caller]
+fn the_second_runs_and_later_ones_are_skipped(fleet: &Fleet, once: &[&str]) {
+    let second = fleet
+        .lw()
+        .args(once)
+        .cmd(&fleet.job("second $LEASEWRAP_FENCING_TOKEN", 0))
+        .output();
+    assert_exit(&second, 0);
+    let third = fleet.lw().args(once).cmd(&fleet.job("third", 0)).output();
+    assert_exit(&third, 75);
+    assert!(third.stderr.contains("already ran"), "{}", third.stderr);
+    let quiet = fleet
+        .lw()
+        .args(once)
+        .args(&["-q", "-E", "0"])
+        .cmd(&fleet.job("fourth", 0))
+        .output();
+    assert_exit(&quiet, 0);
+    assert_eq!(
+        quiet.stderr, "",
+        "a skip under -q -E 0 is silent, so cron mails nothing"
+    );
+}
+
+/// `leasewrap status` (table, --json and --once) shows the "nightly" run of the "retry" fleet
+/// as done in 2 attempts, with the token of record `done`.
+#[track_caller]
+fn assert_status_shows_the_retried_run(fleet: &Fleet, done: &Value) {
     let status = fleet.status(&[]);
     let row: Vec<&str> = status
         .stdout

@@ -90,67 +90,10 @@ fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
     let holder = hold(sb, store, name);
     let mut waiter = queue(store, name);
     let lease = status_with_waiters(store, name, 1);
-    assert_eq!(lease["name"], name);
-    assert_eq!(lease["held"], true);
-    assert_eq!(lease["token"], holder.token(), "{lease}");
-    assert_eq!(lease["holder"]["pid"], holder.run.pid(), "{lease}");
-    assert_eq!(
-        lease["holder"]["command"],
-        serde_json::json!(holder.command())
-    );
     let host = nix::unistd::gethostname().unwrap();
-    assert_eq!(lease["holder"]["host"], host.to_str().unwrap());
-    match store {
-        Store::Local(dir) => {
-            assert_eq!(lease["backend"], "local");
-            assert_eq!(lease["time_left_s"], Value::Null, "{lease}");
-            assert_eq!(
-                lease["key"],
-                dir.join("nightly-report.lock").to_str().unwrap()
-            );
-        }
-        Store::Etcd { .. } => {
-            assert_eq!(lease["backend"], "etcd");
-            let left = lease["time_left_s"].as_i64().expect("time left");
-            assert!((1..=6).contains(&left), "time left {left}: {lease}");
-            assert_eq!(lease["ttl_s"], 6, "{lease}");
-        }
-    }
-
-    let (code, text, stderr) = store.status(&[name]);
-    assert_eq!(code, 0, "{text}{stderr}");
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "header and one lease: {text}");
-    let header = ["NAME", "STATE", "TOKEN", "TIME", "LEFT", "WAITERS", "HOST"];
-    assert!(lines[0].split_whitespace().take(7).eq(header), "{text}");
-    let row: Vec<&str> = lines[1].split_whitespace().collect();
-    let pid = holder.run.pid().to_string();
-    let left = if matches!(store, Store::Local(_)) {
-        "-"
-    } else {
-        row[3]
-    };
-    let token = holder.token().to_string();
-    assert_eq!(
-        row[..7],
-        [
-            name,
-            "held",
-            &token,
-            left,
-            "1",
-            host.to_str().unwrap(),
-            &pid
-        ]
-    );
-    // The command column is last and unpadded: the shell form of argv, whose script ends by
-    // renaming into the quoted `.end` file (each `'` of it shown as `'\''`).
-    assert!(lines[1].ends_with(r".end'\'''"), "{text}");
-    assert_eq!(
-        lines[0].find("COMMAND"),
-        lines[1].find("sh -c"),
-        "columns are not aligned:\n{text}"
-    );
+    let host = host.to_str().unwrap();
+    assert_json_shows_the_holder(store, &lease, &holder, host);
+    assert_text_shows_the_holder(store, name, &holder, host);
 
     let all = store.status_json(&[], 0);
     let listed: Vec<&Value> = all.as_array().expect("an array").iter().collect();
@@ -171,6 +114,64 @@ fn status_shows_holder_token_and_waiters(store: &Store, sb: &Sandbox) {
         .nth(1)
         .unwrap()
         .starts_with("nightly-report  free"));
+}
+
+/// `status --json NAME` of the held lease: name, token and holder, and what each backend adds.
+#[track_caller]
+fn assert_json_shows_the_holder(store: &Store, lease: &Value, holder: &Job, host: &str) {
+    assert_eq!(lease["name"], "nightly-report");
+    assert_eq!(lease["held"], true);
+    assert_eq!(lease["token"], holder.token(), "{lease}");
+    assert_eq!(lease["holder"]["pid"], holder.run.pid(), "{lease}");
+    assert_eq!(
+        lease["holder"]["command"],
+        serde_json::json!(holder.command())
+    );
+    assert_eq!(lease["holder"]["host"], host);
+    match store {
+        Store::Local(dir) => {
+            assert_eq!(lease["backend"], "local");
+            assert_eq!(lease["time_left_s"], Value::Null, "{lease}");
+            assert_eq!(
+                lease["key"],
+                dir.join("nightly-report.lock").to_str().unwrap()
+            );
+        }
+        Store::Etcd { .. } => {
+            assert_eq!(lease["backend"], "etcd");
+            let left = lease["time_left_s"].as_i64().expect("time left");
+            assert!((1..=6).contains(&left), "time left {left}: {lease}");
+            assert_eq!(lease["ttl_s"], 6, "{lease}");
+        }
+    }
+}
+
+/// `status NAME` as text: the header and one row naming the holder, the command column last.
+#[track_caller]
+fn assert_text_shows_the_holder(store: &Store, name: &str, holder: &Job, host: &str) {
+    let (code, text, stderr) = store.status(&[name]);
+    assert_eq!(code, 0, "{text}{stderr}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "header and one lease: {text}");
+    let header = ["NAME", "STATE", "TOKEN", "TIME", "LEFT", "WAITERS", "HOST"];
+    assert!(lines[0].split_whitespace().take(7).eq(header), "{text}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    let pid = holder.run.pid().to_string();
+    let left = if matches!(store, Store::Local(_)) {
+        "-"
+    } else {
+        row[3]
+    };
+    let token = holder.token().to_string();
+    assert_eq!(row[..7], [name, "held", &token, left, "1", host, &pid]);
+    // The command column is last and unpadded: the shell form of argv, whose script ends by
+    // renaming into the quoted `.end` file (each `'` of it shown as `'\''`).
+    assert!(lines[1].ends_with(r".end'\'''"), "{text}");
+    assert_eq!(
+        lines[0].find("COMMAND"),
+        lines[1].find("sh -c"),
+        "columns are not aligned:\n{text}"
+    );
 }
 
 #[test]
