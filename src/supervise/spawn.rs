@@ -23,6 +23,46 @@ use super::watchdog::Program;
 /// The child's stack until its exec: it only makes a handful of system calls.
 const STACK: usize = 64 * 1024;
 
+/// A stack mapped for the child: only the pages it touches become resident (the watchdog's
+/// peak RSS counts them, the child sharing its memory), where a zeroed heap buffer would be
+/// resident whole.
+struct Stack {
+    base: std::ptr::NonNull<libc::c_void>,
+}
+
+impl Stack {
+    fn map() -> io::Result<Self> {
+        // SAFETY: a fresh private anonymous mapping, at an address the kernel picks; nothing
+        // else refers to it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                STACK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        match std::ptr::NonNull::new(p).filter(|_| p != libc::MAP_FAILED) {
+            Some(base) => Ok(Self { base }),
+            None => Err(io::Error::last_os_error()),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is STACK bytes, readable and writable, and lives as long as self.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().cast(), STACK) }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`, which nothing uses any more.
+        unsafe { libc::munmap(self.base.as_ptr(), STACK) };
+    }
+}
+
 /// What the child execs: every pointer it passes to execve, built before the clone.
 struct Exec {
     path: CString,
@@ -80,7 +120,7 @@ pub fn spawn(program: Program, extra_env: Vec<(String, String)>) -> io::Result<P
     let exec = Exec::new(program, extra_env)?;
     let parent = getpid();
     let failed = AtomicI32::new(0);
-    let mut stack = vec![0u8; STACK];
+    let mut stack = Stack::map()?;
     let child = Box::new(|| {
         let errno = before_exec(parent).map_or_else(|e| e as i32, |()| exec_or_errno(&exec));
         failed.store(errno, Ordering::Relaxed);
@@ -93,7 +133,7 @@ pub fn spawn(program: Program, extra_env: Vec<(String, String)>) -> io::Result<P
     let pid = unsafe {
         clone(
             child,
-            &mut stack,
+            stack.as_mut_slice(),
             CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK,
             Some(libc::SIGCHLD),
         )
