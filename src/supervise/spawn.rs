@@ -5,7 +5,10 @@
 //!
 //! Between the clone and the exec the child runs on a stack of its own inside the watchdog's
 //! memory, while the watchdog's one thread is stopped. It calls only async-signal-safe functions
-//! and allocates nothing: argv, envp and every string are built before the clone.
+//! and allocates nothing: argv, envp and every string are built before the clone. No signal
+//! handler can run in it on the watchdog's data: the watchdog installs none (it reads its signals
+//! from a signalfd; leasewrap installs its own after the fork), and has only Rust's handlers for
+//! SIGSEGV and SIGBUS, which report a fault and abort.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
