@@ -172,15 +172,15 @@ pub struct Forked {
     command: OsString,
     /// The signal that starts an orderly stop.
     stop_signal: Signal,
-    /// The kill-after and first deadline sent with the start, if it was sent from here.
-    started: Option<(Duration, Option<BootInstant>)>,
+    /// What the watchdog was given, once the start is sent from here.
+    oversight: oversight::Oversight,
 }
 
 impl Forked {
     /// Start the child now, before the runtime exists, as [`Supervisor::start`] does.
     pub fn start(&mut self, lease: &Lease<'_>) {
         send_start(self.socket.as_raw_fd(), lease);
-        self.started = Some((lease.kill_after, lease.deadline));
+        self.oversight.started(lease.kill_after, lease.deadline);
     }
 }
 
@@ -235,7 +235,7 @@ impl Supervisor {
             process: Process { pid, reaped: false },
             command: spec.argv[0].clone(),
             stop_signal: spec.stop_signal,
-            started: None,
+            oversight: oversight::Oversight::default(),
         })
     }
 
@@ -246,12 +246,8 @@ impl Supervisor {
             process,
             command,
             stop_signal,
-            started,
+            oversight,
         } = forked;
-        let mut oversight = oversight::Oversight::default();
-        if let Some((kill_after, deadline)) = started {
-            oversight.started(kill_after, deadline);
-        }
         let socket = socket
             .set_nonblocking(true)
             .and_then(|()| UnixStream::from_std(socket))
