@@ -302,7 +302,7 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
     ),
     (
         "Names and output",
-        "A lease name holds only ASCII letters, digits and . _ - @ : + =, so that no two names print alike. status shows every character that does not print as itself as \\u{..}, so that no file name drives the terminal.",
+        "A lease name and a --once KEY hold only ASCII letters, digits and . _ - @ : + =, so that no two print alike. status shows every character that does not print as itself as \\u{..}, so that no file name drives the terminal.",
     ),
     (
         "What remains",

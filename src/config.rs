@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use crate::cli::{parse_duration, ConnArgs, RunArgs};
 use crate::error::{Error, ExitCodes};
 use crate::lease::timing::Params;
-use crate::runs::{check_key, file, slot, Once};
+use crate::runs::{file, slot, Once};
 
 /// Everything a run needs, checked.
 #[derive(Debug, Clone)]
@@ -144,7 +144,7 @@ impl Config {
 fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
     let key = match (&args.once, args.once_per) {
         (Some(key), _) => {
-            check_key(key).map_err(Error::Usage)?;
+            check_key(key)?;
             key.clone()
         }
         (None, Some(per)) => {
@@ -232,17 +232,28 @@ fn default_name(program: &OsString) -> Result<String, Error> {
 /// nothing that prints like another name or not at all (no Unicode, no spaces, no controls), and
 /// nothing a path, a key prefix or a shell treats specially.
 pub fn check_name(name: &str) -> Result<(), Error> {
-    let bad = |why: &str| Err(Error::Usage(format!("--name {name:?}: {why}")));
-    if name.is_empty() || name.len() > 128 {
-        return bad("a lease name is 1 to 128 bytes long");
+    name_rule(name, "a lease name").map_err(|why| Error::Usage(format!("--name {name:?}: {why}")))
+}
+
+/// A --once KEY follows the rule of lease names (so an RFC 3339 key of --once-per, as
+/// `2026-12-01T02:00:00.500Z`, is one): nothing invisible, bidirectional or control in a log
+/// line, a `status` row or a record's file name.
+pub fn check_key(key: &str) -> Result<(), Error> {
+    name_rule(key, "a KEY").map_err(|why| Error::Usage(format!("bad --once KEY {key:?}: {why}")))
+}
+
+/// Why `text` is not a lease name or KEY (`what`), if it is not.
+fn name_rule(text: &str, what: &str) -> Result<(), String> {
+    if text.is_empty() || text.len() > 128 {
+        return Err(format!("{what} is 1 to 128 bytes long"));
     }
-    if let Some(c) = name.chars().find(|&c| !is_name_char(c)) {
-        return bad(&format!(
-            "{c:?} is not allowed: a lease name holds only ASCII letters, digits and . _ - @ : + ="
+    if let Some(c) = text.chars().find(|&c| !is_name_char(c)) {
+        return Err(format!(
+            "{c:?} is not allowed: {what} holds only ASCII letters, digits and . _ - @ : + ="
         ));
     }
-    if name == "." || name == ".." {
-        return bad("a lease name is not . or ..");
+    if text == "." || text == ".." {
+        return Err(format!("{what} is not . or .."));
     }
     Ok(())
 }
@@ -654,6 +665,36 @@ mod tests {
             .chain(["\u{3164}", "jöb", "a*b", "a'b", "a\\b"])
         {
             assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn keys_follow_the_rule_of_names_and_slot_keys_pass() {
+        for good in [
+            "2026-12-01T02:00:00Z",
+            "2026-12-01T02:00:00.500Z",
+            "nightly_1",
+            "x",
+        ] {
+            assert!(check_key(good).is_ok(), "{good:?}");
+        }
+        let long = "k".repeat(129);
+        let bad = [
+            "",
+            "a/b",
+            "nightly 1",
+            "tab\there",
+            "nl\n",
+            ".",
+            "..",
+            &long,
+        ];
+        for bad in bad
+            .into_iter()
+            .chain(["k\u{200b}", "k\u{202e}", "k\u{2066}", "jöb"])
+        {
+            let err = check_key(bad).unwrap_err().to_string();
+            assert!(err.starts_with("bad --once KEY"), "{bad:?}: {err}");
         }
     }
 

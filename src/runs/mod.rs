@@ -8,7 +8,7 @@ pub mod metrics;
 pub mod record;
 pub mod slot;
 
-pub use record::{check_key, Decision, Outcome, Run, RunRecord};
+pub use record::{Decision, Outcome, Run, RunRecord};
 
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ pub enum Written {
 pub const MAN_SECTION: &[(&str, &str)] = &[
     (
         "--once KEY",
-        "After taking the lease and before starting COMMAND, leasewrap reads the run record of (NAME, KEY). If a run of KEY succeeded, on any host of the backend, it starts nothing, gives the lease back, logs who ran it (host, pid, token, end) and exits with the conflict status (75, or -E N); waiters queued with --wait see the record as their turn comes. KEY is 1-128 bytes without '/' or control characters.",
+        "After taking the lease and before starting COMMAND, leasewrap reads the run record of (NAME, KEY). If a run of KEY succeeded, on any host of the backend, it starts nothing, gives the lease back, logs who ran it (host, pid, token, end) and exits with the conflict status (75, or -E N); waiters queued with --wait see the record as their turn comes. KEY follows the rule of lease names: 1-128 ASCII letters, digits and . _ - @ : + =, not . or .. (so every --once-per key, as 2026-12-01T02:00:00Z, is one); nothing invisible, bidirectional or control, which could make one KEY print like another or drive a terminal, is accepted (64).",
     ),
     (
         "success",

@@ -235,24 +235,6 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// A KEY is 1-128 bytes without '/' or control characters, and not `.` or `..`.
-pub fn check_key(key: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("bad --once KEY {key:?}: {why}"));
-    if key.is_empty() || key.len() > 128 {
-        return bad("it must be 1 to 128 bytes long");
-    }
-    if key.contains('/') {
-        return bad("it must not contain '/'");
-    }
-    if key.chars().any(char::is_control) {
-        return bad("it must not contain control characters");
-    }
-    if key == "." || key == ".." {
-        return bad("it must not be . or ..");
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,17 +310,6 @@ mod tests {
         assert_eq!(Decision::of(Some(&done), Some(2)), Decision::Done);
         assert_eq!(Decision::Done.skip_outcome(), Some(Outcome::SkippedDone));
         assert_eq!(Decision::Run.skip_outcome(), None);
-    }
-
-    #[test]
-    fn keys_are_checked() {
-        for good in ["2026-12-01T02:00:00Z", "nightly 1", "x"] {
-            assert_eq!(check_key(good), Ok(()), "{good:?}");
-        }
-        let long = "k".repeat(129);
-        for bad in ["", "a/b", "tab\there", "nl\n", ".", "..", long.as_str()] {
-            assert!(check_key(bad).is_err(), "{bad:?}");
-        }
     }
 
     #[test]

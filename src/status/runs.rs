@@ -2,10 +2,10 @@
 //! Reads only, like the rest of `status`.
 
 use super::{align, json_line, print, LeaseStatus};
-use crate::config::{Backend, EtcdConfig};
+use crate::config::{check_key, Backend, EtcdConfig};
 use crate::error::Error;
 use crate::lease::etcd::client::Conn;
-use crate::runs::{self, check_key, Outcome, RunRecord};
+use crate::runs::{self, Outcome, RunRecord};
 
 /// How many runs are shown per lease.
 pub const LAST: usize = 10;
@@ -58,7 +58,7 @@ pub async fn fill(backend: &Backend, leases: &mut [LeaseStatus]) -> Result<(), E
 
 /// `status --once KEY NAME`: one line (or JSON) saying whether KEY is done; 0 when it is.
 pub async fn once(backend: &Backend, name: &str, key: &str, json: bool) -> Result<u8, Error> {
-    check_key(key).map_err(Error::Usage)?;
+    check_key(key)?;
     let record = Reader::new(backend).await?.read(name, key).await?;
     let done = record.as_ref().is_some_and(|r| r.outcome == Outcome::RanOk);
     let text = match json {

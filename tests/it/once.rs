@@ -747,3 +747,35 @@ fn a_reader_of_the_metrics_file_never_sees_half_a_file() {
         );
     }
 }
+
+#[test]
+fn a_key_with_invisible_or_bidi_characters_is_refused_with_64_and_rfc3339_keys_are_not() {
+    let fleet = Fleet::new(On::Local, "keys");
+    for key in [
+        "k\u{200b}",
+        "k\u{202e}x",
+        "\u{3164}",
+        "k\u{feff}",
+        "k\u{2066}",
+        "jöb",
+    ] {
+        let out = fleet.lw().args(&["--once", key]).cmd(&["true"]).output();
+        assert_exit(&out, 64);
+        assert_eq!(
+            out.stderr.trim_end().lines().count(),
+            1,
+            "{key:?}: {}",
+            out.stderr
+        );
+        assert_exit(&fleet.status(&["--once", key]), 64);
+    }
+    assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
+    for key in [
+        "2026-12-01T02:00:00Z",
+        "2026-12-01T02:00:00.500Z",
+        "nightly.v2@eu:1+x=y_2",
+    ] {
+        let out = fleet.lw().args(&["--once", key]).cmd(&["true"]).output();
+        assert_exit(&out, 0);
+    }
+}
