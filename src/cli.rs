@@ -294,7 +294,7 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
     ),
     (
         "State directory",
-        "--local-dir belongs to one user: it must be owned by that user or root and be writable by nobody else, and it is refused (78) otherwise, even by root. Lock and token files are opened in it without following links or waiting on FIFOs, and used only when they are a regular file of that user with one link; a token file must hold one decimal token, is read no further than 32 bytes and is never echoed. A unit given User= needs a StateDirectory= of its own.",
+        "--local-dir belongs to one user: it must be owned by that user or root and be writable by nobody else, and it is refused (78) otherwise, even by root. Lock and token files are opened in it without following links or waiting on FIFOs, and used only when they are a regular file of that user with one link; a token file must hold one decimal token, is read no further than 32 bytes and is never echoed. runs/ and runs/NAME, the folders of the run records, are reached through the state directory's descriptor without following links and are checked as it is; the records in them are opened as a lock file is and read no further than 64 KiB. A unit given User= needs a StateDirectory= of its own.",
     ),
     (
         "fenced-write",
@@ -302,7 +302,7 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
     ),
     (
         "Names and output",
-        "A lease name and a --once KEY hold only ASCII letters, digits and . _ - @ : + =, so that no two print alike. status shows every character that does not print as itself as \\u{..}, so that no file name drives the terminal.",
+        "A lease name and a --once KEY hold only ASCII letters, digits and . _ - @ : + =, so that no two print alike. status (its tables and its --once line) and the \"already ran\" log line show every character that does not print as itself (controls such as ESC, CR and BEL, bidirectional and other format characters) as \\u{..}, so that no file name, etcd key or field of a holder or run record drives the terminal.",
     ),
     (
         "What remains",

@@ -124,7 +124,7 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ("77", "etcd refused the authentication or the TLS handshake"),
     (
         "78",
-        "bad configuration: a certificate or password file is unreadable, or the local directory, a lock, token or fence file cannot be made or opened, or is refused (a symbolic link, a FIFO, another user's, writable by others, or not one plain token)",
+        "bad configuration: a certificate or password file is unreadable, or the local directory, a lock, token or fence file, a run record or its folder cannot be made or opened, or is refused (a symbolic link, a FIFO, another user's, writable by others, not one plain token, or a run record that is foreign or damaged)",
     ),
     (
         "123",

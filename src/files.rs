@@ -1,8 +1,8 @@
-//! leasewrap's own small files (lock, token, fence) in directories that someone else may be able
-//! to write: opened relative to a directory descriptor, never through a symbolic link, never
-//! blocking on a FIFO, and written only when they are a regular file of ours with one link.
-//! Their contents are never echoed in a message: a planted link must not turn an error line into
-//! a copy of some other file.
+//! leasewrap's own small files (lock, token, fence, run records) in directories that someone
+//! else may be able to write: opened relative to a directory descriptor, never through a
+//! symbolic link, never blocking on a FIFO, read no further than a bound, and written only when
+//! they are a regular file of ours with one link. Their contents are never echoed in a message:
+//! a planted link must not turn an error line into a copy of some other file.
 //!
 //! A state directory (`--local-dir`) must also be owned by the effective user or root and be
 //! writable by nobody else: one user per directory. It never decides what the files mean.
@@ -22,6 +22,10 @@ use crate::error::Error;
 
 /// The most a token or fence file may hold: a u64 in decimal and a newline, with room to spare.
 pub const TOKEN_FILE_MAX: usize = 32;
+
+/// The most of a record (a run record, a holder record in a lock file) that is read: one is a
+/// few hundred bytes.
+pub const RECORD_MAX: usize = 64 * 1024;
 
 /// An open directory, the anchor of every file opened in it.
 pub struct Dir {
@@ -130,16 +134,44 @@ impl Dir {
         };
         let file = File::from(fd);
         let st = nix::sys::stat::fstat(&file).map_err(|e| self.open_failed(name, e))?;
-        let euid = nix::unistd::geteuid().as_raw();
-        if !is_regular(&st) || st.st_uid != euid || st.st_nlink != 1 {
-            let why = "is not a regular file of this user with one link; remove it";
-            return Err(refused(&self.join(name), why));
-        }
+        self.check_own(name, &st)?;
         Ok((file, created))
     }
 
     /// Open `name` read-only if it is a regular file (of anyone); None if it does not exist.
     pub fn open_read(&self, name: &str) -> Result<Option<File>, Error> {
+        let Some((file, st)) = self.open_existing(name)? else {
+            return Ok(None);
+        };
+        if !is_regular(&st) {
+            return Err(refused(&self.join(name), "is not a regular file"));
+        }
+        Ok(Some(file))
+    }
+
+    /// Open `name` read-only if it is a regular file of the effective user with one link, as
+    /// [`Dir::open_own`] would use it; None if it does not exist. Creates nothing.
+    pub fn open_own_read(&self, name: &str) -> Result<Option<File>, Error> {
+        let Some((file, st)) = self.open_existing(name)? else {
+            return Ok(None);
+        };
+        self.check_own(name, &st)?;
+        Ok(Some(file))
+    }
+
+    /// `name`, which `st` describes, is a regular file of the effective user with one link:
+    /// nobody else made it or can reach it by another name.
+    fn check_own(&self, name: &str, st: &FileStat) -> Result<(), Error> {
+        let euid = nix::unistd::geteuid().as_raw();
+        if !is_regular(st) || st.st_uid != euid || st.st_nlink != 1 {
+            let why = "is not a regular file of this user with one link; remove it";
+            return Err(refused(&self.join(name), why));
+        }
+        Ok(())
+    }
+
+    /// `name` opened read-only, without following a link or waiting on a FIFO, and what it is.
+    fn open_existing(&self, name: &str) -> Result<Option<(File, FileStat)>, Error> {
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let fd = match nix::fcntl::openat(&self.fd, name, flags, Mode::empty()) {
             Ok(fd) => fd,
@@ -148,10 +180,56 @@ impl Dir {
         };
         let file = File::from(fd);
         let st = nix::sys::stat::fstat(&file).map_err(|e| self.open_failed(name, e))?;
-        if !is_regular(&st) {
-            return Err(refused(&self.join(name), "is not a regular file"));
+        Ok(Some((file, st)))
+    }
+
+    /// The directory `name` in this one, reached through this one's descriptor and never
+    /// through a link, checked as a state directory is (owned by us or root, writable by nobody
+    /// else); created as [`ensure_dir`] would when `create`. None when missing and not created.
+    pub fn sub(&self, name: &str, create: bool) -> Result<Option<Dir>, Error> {
+        if create {
+            let mode = Mode::from_bits_truncate(dir_mode());
+            match nix::sys::stat::mkdirat(&self.fd, name, mode) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(self.open_failed(name, e)),
+            }
         }
-        Ok(Some(file))
+        let Some(dir) = self.sub_to_read(name)? else {
+            return Ok(None);
+        };
+        dir.check_state()?;
+        Ok(Some(dir))
+    }
+
+    /// The directory `name` in this one, to read only: never through a link, of any owner.
+    pub fn sub_to_read(&self, name: &str) -> Result<Option<Dir>, Error> {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        match nix::fcntl::openat(&self.fd, name, flags, Mode::empty()) {
+            Ok(fd) => Ok(Some(Dir {
+                fd,
+                path: self.join(name),
+            })),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => Err(refused(
+                &self.join(name),
+                "is a symbolic link or not a directory; remove it",
+            )),
+            Err(e) => Err(self.open_failed(name, e)),
+        }
+    }
+
+    /// The names in this directory, read through its descriptor (`/proc/self/fd/N` names the
+    /// open directory itself, whatever its path names now).
+    pub fn names(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        use std::os::fd::AsRawFd;
+        let here = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        let entries = std::fs::read_dir(here)?;
+        Ok(entries.flatten().map(|e| e.file_name()).collect())
+    }
+
+    /// Remove the file `name` of this directory (never a directory, never through a link).
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        remove_at(self.fd(), name)
     }
 
     /// What `name` is now, without following a link; None if nothing has that name.
@@ -183,16 +261,21 @@ impl Dir {
 
 /// Create the directory `path` (and its parents) owner-only, 0755 for root, unless it exists.
 pub fn ensure_dir(path: &Path) -> Result<(), Error> {
-    let mode = if nix::unistd::geteuid().is_root() {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(dir_mode())
+        .create(path)
+        .map_err(|e| Error::Config(format!("--local-dir {}: {e}", path.display())))
+}
+
+/// The mode of a directory leasewrap makes: owner-only, 0755 for root (so that `status` run by
+/// anyone can read root's leases).
+fn dir_mode() -> u32 {
+    if nix::unistd::geteuid().is_root() {
         0o755
     } else {
         0o700
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(|e| Error::Config(format!("--local-dir {}: {e}", path.display())))
+    }
 }
 
 /// 64 bits from the OS's randomness (std seeds each `RandomState` from getrandom): temp-file
@@ -202,6 +285,12 @@ pub fn random_u64() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(u64::from(std::process::id()));
     hasher.finish()
+}
+
+/// Remove the file `name` of the open directory `dir` (never a directory, never through a link).
+pub fn remove_at(dir: std::os::fd::BorrowedFd, name: &str) -> io::Result<()> {
+    let how = nix::unistd::UnlinkatFlags::NoRemoveDir;
+    nix::unistd::unlinkat(dir, name, how).map_err(io::Error::from)
 }
 
 /// The directory `path` is in (`.` for a bare file name).
@@ -232,6 +321,19 @@ fn refused(path: &Path, why: &str) -> Error {
 pub fn same_inode(file: &File, st: &FileStat) -> bool {
     file.metadata()
         .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
+}
+
+/// The contents of `file` (at `path`), at most `max` bytes: a longer file is refused, and its
+/// contents are never put in the error.
+pub fn read_bounded(file: &File, path: &Path, max: usize) -> Result<Vec<u8>, Error> {
+    let mut buf = Vec::new();
+    file.take(max as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    if buf.len() > max {
+        return Err(refused(path, &format!("is longer than {max} bytes")));
+    }
+    Ok(buf)
 }
 
 /// The token a token or fence file holds: None when empty, else canonical decimal (no sign, no

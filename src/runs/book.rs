@@ -5,11 +5,12 @@
 use std::time::SystemTime;
 
 use super::metrics::{self, Sample};
-use super::record::{unix_seconds, Decision, Outcome, Run, RunRecord};
+use super::record::{time_text, unix_seconds, Decision, Outcome, Run, RunRecord};
 use super::{etcd, local, Once, Written};
 use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::lease::Held;
+use crate::status::printable;
 use crate::supervise::Exit;
 
 /// The account of one invocation.
@@ -211,15 +212,15 @@ fn status_of(ended: &Result<Exit, Error>) -> Option<i32> {
     }
 }
 
-/// Who ran KEY and when, for the log line of a skip.
+/// Who ran KEY and when, for the log line of a skip: the host as another host wrote it, so
+/// [`printable`].
 fn ran_by(r: &RunRecord) -> String {
-    let end = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(r.end.max(0.0));
     format!(
         "host {}, pid {}, token {}, ended {}",
-        r.host,
+        printable(&r.host),
         r.pid,
         r.token,
-        humantime::format_rfc3339_seconds(end)
+        time_text(r.end)
     )
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use etcd_client::{GetOptions, PutOptions, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::task::JoinHandle;
 
-use super::{RunRecord, Written};
+use super::{RunRecord, Unreadable, Written};
 use crate::error::Error;
 use crate::lease::etcd::client::{guarded_txn, Conn, Guarded};
 
@@ -148,7 +148,7 @@ pub async fn list(
     conn: &Conn,
     prefix: &str,
     name: &str,
-) -> Result<Vec<Result<RunRecord, String>>, Error> {
+) -> Result<Vec<Result<RunRecord, Unreadable>>, Error> {
     let under = name_prefix(prefix, name);
     let resp = conn
         .retrying(|mut c| {
@@ -162,7 +162,10 @@ pub async fn list(
         .map(|kv| {
             let at = String::from_utf8_lossy(kv.key()).into_owned();
             let key = at.strip_prefix(&under).unwrap_or(&at);
-            RunRecord::parse(kv.value(), name, key).map_err(|why| format!("{at} {why}"))
+            RunRecord::parse(kv.value(), name, key).map_err(|why| Unreadable {
+                key: key.to_owned(),
+                why: format!("run record {at} {why}"),
+            })
         })
         .collect())
 }

@@ -1,38 +1,97 @@
 //! Run records of the local backend: one file per (name, KEY), `DIR/runs/NAME/KEY.json`, beside
-//! the lock and token files but never named like them. A record is written whole (temp file,
-//! fsync, rename, fsync of the folder) while the lock NAME is held and still names its file, and
-//! is opened without following symlinks. Its modification time is set to its `keep_until`, so
-//! the sweep that each write makes removes only records whose keep time has passed.
+//! the lock and token files but never named like them. `runs/` and `runs/NAME` are reached
+//! through the state directory's descriptor, never through a link, and each is checked as the
+//! state directory is (ours or root's, writable by nobody else); a record is opened as the token
+//! file is (no link, no FIFO, a regular file of ours with one link, read no further than
+//! [`RECORD_MAX`]). A record is written whole (temp file, fsync, rename, fsync of the folder)
+//! while the lock NAME is held and still names its file.
+//!
+//! The sweep that each write makes goes by the `keep_until` inside the records, never by a
+//! file's modification time, and never by this host's clock alone (see [`confirmed_expired`]).
 
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::SystemTime;
 
 use super::file::{self, Replace};
-use super::{RunRecord, Written};
+use super::record::unix_seconds;
+use super::{RunRecord, Unreadable, Written};
 use crate::error::Error;
+use crate::files::{self, Dir, RECORD_MAX};
 
-/// The folder of the records of `name`.
-pub fn name_dir(dir: &Path, name: &str) -> PathBuf {
-    dir.join("runs").join(name)
+/// Who reaches the records, and so how far they are trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// A run, under the lease: folders checked as the state directory is, and made when a
+    /// record is written; a record must be a regular file of ours with one link.
+    Run,
+    /// `status`, of any user's directory: no link followed, no FIFO waited on, nothing made;
+    /// a record must be a regular file.
+    Status,
 }
 
-/// The record file of (`name`, `key`).
-pub fn record_path(dir: &Path, name: &str, key: &str) -> PathBuf {
-    name_dir(dir, name).join(format!("{key}.json"))
+/// A record's file name in its folder.
+fn file_name(key: &str) -> String {
+    format!("{key}.json")
+}
+
+/// The folder of `name`'s records, `DIR/runs/NAME`, reached from the state directory `dir`
+/// through descriptors; made when `create`, else none when missing.
+fn folder(dir: &Path, name: &str, access: Access, create: bool) -> Result<Option<Dir>, Error> {
+    let state = match (access, create) {
+        (Access::Run, true) => Some(Dir::state(dir)?),
+        (Access::Run, false) => Dir::existing_state(dir)?,
+        (Access::Status, _) => Dir::to_read(dir)?,
+    };
+    let Some(runs) = state.map(|s| sub(&s, "runs", access, create)).transpose()? else {
+        return Ok(None);
+    };
+    runs.map(|r| sub(&r, name, access, create))
+        .transpose()
+        .map(Option::flatten)
+}
+
+fn sub(dir: &Dir, name: &str, access: Access, create: bool) -> Result<Option<Dir>, Error> {
+    match access {
+        Access::Run => dir.sub(name, create),
+        Access::Status => dir.sub_to_read(name),
+    }
+}
+
+/// The record of (`name`, `key`) in `folder`, expired or not; none when there is no file.
+fn load(folder: &Dir, name: &str, key: &str, access: Access) -> Result<Option<RunRecord>, Error> {
+    let file_name = file_name(key);
+    let opened = match access {
+        Access::Run => folder.open_own_read(&file_name)?,
+        Access::Status => folder.open_read(&file_name)?,
+    };
+    let Some(file) = opened else {
+        return Ok(None);
+    };
+    let path = folder.join(&file_name);
+    let bytes = files::read_bounded(&file, &path, RECORD_MAX)?;
+    RunRecord::parse(&bytes, name, key)
+        .map(Some)
+        .map_err(|why| foreign(&path, &why))
 }
 
 /// The record of (`name`, `key`), none before its first run or once its keep time has passed
-/// (as etcd's lease would have removed it). A file that is not such a record is a configuration
-/// error (78): it is never taken for "done" nor overwritten.
+/// (as etcd's lease would have removed it). A file that is not such a record, or that is not
+/// opened as a record must be, is a configuration error (78): it is never taken for "done" nor
+/// overwritten.
 pub fn read(dir: &Path, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
-    let path = record_path(dir, name, key);
-    let bytes = file::read_nofollow(&path)
-        .map_err(|e| Error::Config(format!("run record {}: {e}", path.display())))?;
-    let record = bytes
-        .map(|b| RunRecord::parse(&b, name, key))
-        .transpose()
-        .map_err(|why| foreign(&path, &why))?;
+    read_as(dir, name, key, Access::Run)
+}
+
+/// The record of (`name`, `key`) as [`read`] gives it, for `status` (of any user's directory).
+pub fn look(dir: &Path, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
+    read_as(dir, name, key, Access::Status)
+}
+
+fn read_as(dir: &Path, name: &str, key: &str, access: Access) -> Result<Option<RunRecord>, Error> {
+    let Some(folder) = folder(dir, name, access, false)? else {
+        return Ok(None);
+    };
+    let record = load(&folder, name, key, access)?;
     Ok(record.filter(|r| !r.expired(SystemTime::now())))
 }
 
@@ -49,65 +108,97 @@ pub fn write(
     record: &RunRecord,
     still_ours: impl FnOnce() -> Result<(), String>,
 ) -> Result<Written, Error> {
-    let folder = name_dir(dir, &record.name);
-    crate::lease::local::ensure_dir(&folder)?;
+    let folder = folder(dir, &record.name, Access::Run, true)?
+        .ok_or_else(|| Error::Internal(format!("{}: removed while opening", dir.display())))?;
     if let Err(why) = still_ours() {
         return Ok(Written::Refused(why));
     }
-    let path = record_path(dir, &record.name, &record.key);
-    let keep_until = UNIX_EPOCH + Duration::from_secs_f64(record.keep_until.max(0.0));
-    let how = Replace {
-        durable: true,
-        mtime: Some(keep_until),
-    };
-    file::replace(&path, &record.to_json(), how)
-        .map_err(|e| Error::internal(format!("writing run record {}", path.display()), e))?;
-    sweep(&folder, SystemTime::now());
+    let name = file_name(&record.key);
+    file::replace_in(
+        folder.fd(),
+        &name,
+        &record.to_json(),
+        Replace { durable: true },
+    )
+    .map_err(|e| {
+        Error::internal(
+            format!("writing run record {}", folder.join(&name).display()),
+            e,
+        )
+    })?;
+    sweep(&folder, record, SystemTime::now());
     Ok(Written::Stored)
 }
 
-/// Remove the records of one name whose keep time has passed, and temp files of writers that
-/// died: only the lock holder writes here, so under the lock every temp file is garbage.
-fn sweep(folder: &Path, now: SystemTime) {
-    let Ok(entries) = fs::read_dir(folder) else {
+/// Remove the records of one name that [`confirmed_expired`] finds, and temp files of writers
+/// that died: only the lock holder writes here, so under the lock every temp file is garbage.
+/// `written` (just stored) is not weighed: its `end` is this host's clock, which is in question.
+fn sweep(folder: &Dir, written: &RunRecord, now: SystemTime) {
+    let Ok(names) = folder.names() else {
         return;
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let Ok(meta) = entry.metadata() else { continue };
-        let expired = name.ends_with(".json")
-            && meta.is_file()
-            && meta.modified().is_ok_and(|keep_until| keep_until < now);
-        if expired || file::is_temp(&name) {
-            let _ = fs::remove_file(entry.path());
+    let mut records = Vec::new();
+    for name in names.iter().filter_map(|n| n.to_str()) {
+        if file::is_temp(name) {
+            let _ = folder.remove(name);
+            continue;
         }
+        let Some(key) = name.strip_suffix(".json").filter(|k| *k != written.key) else {
+            continue;
+        };
+        if let Ok(Some(r)) = load(folder, &written.name, key, Access::Run) {
+            records.push((name, r));
+        }
+    }
+    for name in confirmed_expired(&records, unix_seconds(now)) {
+        let _ = folder.remove(name);
     }
 }
 
-/// Every record of `name`, and the files there that are not records (with why), for `status`.
+/// The files of `records` whose keep time had passed when another of them ended, that one
+/// having ended no later than `now`: the end of a run recorded earlier, not this host's clock
+/// alone, shows that the keep time is over. A clock far ahead of every record (a faked or
+/// mis-set clock) then deletes nothing that the records themselves do not show expired, and a
+/// record that ended "in the future" is no witness.
+fn confirmed_expired<'a>(records: &[(&'a str, RunRecord)], now: f64) -> Vec<&'a str> {
+    let newest = records
+        .iter()
+        .map(|(_, r)| r.end)
+        .filter(|&end| end <= now)
+        .fold(f64::NEG_INFINITY, f64::max);
+    records
+        .iter()
+        .filter(|(_, r)| r.keep_until < newest)
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// Every record of `name`, and what stands at a record's place and is not one, for `status`.
 /// Reads only.
-pub fn list(dir: &Path, name: &str) -> Vec<Result<RunRecord, String>> {
-    let folder = name_dir(dir, name);
-    let Ok(entries) = fs::read_dir(&folder) else {
-        return Vec::new();
+pub fn list(dir: &Path, name: &str) -> Vec<Result<RunRecord, Unreadable>> {
+    let unreadable = |key: &str, e: Error| Unreadable {
+        key: key.to_owned(),
+        why: e.to_string(),
     };
+    let folder = match folder(dir, name, Access::Status, false) {
+        Ok(Some(folder)) => folder,
+        Ok(None) => return Vec::new(),
+        Err(e) => return vec![Err(unreadable("-", e))],
+    };
+    let names = folder.names().unwrap_or_default();
+    let keys = names
+        .iter()
+        .filter_map(|n| n.to_str())
+        .filter(|n| !file::is_temp(n))
+        .filter_map(|n| n.strip_suffix(".json"));
     let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let file_name = entry.file_name().to_string_lossy().into_owned();
-        let Some(key) = file_name.strip_suffix(".json") else {
-            continue;
-        };
-        let path = entry.path();
-        let parsed = match file::read_nofollow(&path) {
-            Ok(Some(b)) => RunRecord::parse(&b, name, key),
-            Ok(None) => continue,
-            Err(e) => Err(e.to_string()),
-        };
-        if parsed.as_ref().is_ok_and(|r| r.expired(SystemTime::now())) {
-            continue;
+    for key in keys {
+        match load(&folder, name, key, Access::Status) {
+            Ok(Some(r)) if r.expired(SystemTime::now()) => {}
+            Ok(Some(r)) => out.push(Ok(r)),
+            Ok(None) => {}
+            Err(e) => out.push(Err(unreadable(key, e))),
         }
-        out.push(parsed.map_err(|why| format!("{} {why}", path.display())));
     }
     out
 }
@@ -116,6 +207,7 @@ pub fn list(dir: &Path, name: &str) -> Vec<Result<RunRecord, String>> {
 mod tests {
     use super::*;
     use crate::runs::{Outcome, Run};
+    use std::time::Duration;
 
     fn record(key: &str, keep: Duration) -> RunRecord {
         let run = Run {
@@ -129,6 +221,10 @@ mod tests {
         run.record("job", key, None, keep)
     }
 
+    fn folder_of(dir: &Path) -> std::path::PathBuf {
+        dir.join("runs/job")
+    }
+
     #[test]
     fn a_written_record_reads_back_and_a_refused_one_is_not_written() {
         let dir = tempfile::tempdir().unwrap();
@@ -137,6 +233,7 @@ mod tests {
         let w = write(dir.path(), &r, || Ok(())).unwrap();
         assert_eq!(w, Written::Stored);
         assert_eq!(read(dir.path(), "job", "k").unwrap(), Some(r.clone()));
+        assert_eq!(look(dir.path(), "job", "k").unwrap(), Some(r.clone()));
         let other = record("k2", Duration::from_secs(60));
         let w = write(dir.path(), &other, || Err("lock file replaced".into())).unwrap();
         assert_eq!(w, Written::Refused("lock file replaced".into()));
@@ -144,34 +241,75 @@ mod tests {
         assert_eq!(list(dir.path(), "job"), vec![Ok(r)]);
     }
 
+    /// A record of `key` that ended at `end` and is kept until `keep_until` (Unix seconds).
+    fn at(key: &str, end: f64, keep_until: f64) -> RunRecord {
+        RunRecord {
+            end,
+            keep_until,
+            ..record(key, Duration::ZERO)
+        }
+    }
+
     #[test]
-    fn a_write_sweeps_records_past_their_keep_time_only() {
+    fn only_a_record_whose_keep_time_passed_before_another_ended_is_expired() {
+        let day = 86400.0;
+        let records = [
+            ("a.json", at("a", 10.0 * day, 17.0 * day)),
+            ("b.json", at("b", 20.0 * day, 27.0 * day)),
+            ("c.json", at("c", 21.0 * day, 28.0 * day)),
+        ];
+        assert_eq!(confirmed_expired(&records, 22.0 * day), ["a.json"]);
+        // The clock 30 days ahead: c's end is the newest witness, and a alone had expired by it.
+        assert_eq!(confirmed_expired(&records, 52.0 * day), ["a.json"]);
+        // A record from "the future" witnesses nothing.
+        assert_eq!(
+            confirmed_expired(&records[..2], 15.0 * day),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            confirmed_expired(&records[..1], 99.0 * day),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn a_write_sweeps_confirmed_expired_records_and_temp_files_only() {
         let dir = tempfile::tempdir().unwrap();
-        let old = record("old", Duration::ZERO);
-        write(dir.path(), &old, || Ok(())).unwrap();
-        let kept = record("kept", Duration::from_secs(3600));
-        write(dir.path(), &kept, || Ok(())).unwrap();
-        let stale_temp = name_dir(dir.path(), "job").join(".x.json.tmp-00000000000f423f");
-        fs::write(&stale_temp, b"half").unwrap();
+        let now = unix_seconds(SystemTime::now());
+        write(dir.path(), &at("old", now - 100.0, now - 50.0), || Ok(())).unwrap();
+        write(dir.path(), &at("kept", now - 10.0, now + 3600.0), || Ok(())).unwrap();
+        let stale_temp = folder_of(dir.path()).join(".x.json.tmp-00000000000f423f");
+        std::fs::write(&stale_temp, b"half").unwrap();
+        let notes = folder_of(dir.path()).join("notes.json");
+        std::fs::write(&notes, b"not a record").unwrap();
         write(dir.path(), &record("new", Duration::from_secs(60)), || {
             Ok(())
         })
         .unwrap();
-        assert_eq!(read(dir.path(), "job", "old").unwrap(), None);
+        assert!(!folder_of(dir.path()).join("old.json").exists());
         assert!(read(dir.path(), "job", "kept").unwrap().is_some());
         assert!(!stale_temp.exists());
+        assert!(
+            notes.exists(),
+            "a file that is not a record is not leasewrap's"
+        );
     }
 
     #[test]
     fn a_foreign_file_is_a_configuration_error_not_done() {
         let dir = tempfile::tempdir().unwrap();
-        fs::create_dir_all(name_dir(dir.path(), "job")).unwrap();
-        fs::write(record_path(dir.path(), "job", "k"), b"done\n").unwrap();
+        std::fs::create_dir_all(folder_of(dir.path())).unwrap();
+        std::fs::write(folder_of(dir.path()).join("k.json"), b"done\n").unwrap();
         let err = read(dir.path(), "job", "k").unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err}");
         assert!(
             err.to_string().contains("not a leasewrap run record"),
             "{err}"
+        );
+        let listed = list(dir.path(), "job");
+        assert!(
+            matches!(&listed[..], [Err(u)] if u.key == "k"),
+            "{listed:?}"
         );
     }
 }

@@ -8,7 +8,7 @@ pub mod metrics;
 pub mod record;
 pub mod slot;
 
-pub use record::{Decision, Outcome, Run, RunRecord};
+pub use record::{time_text, Decision, Outcome, Run, RunRecord};
 
 use std::time::Duration;
 
@@ -25,6 +25,16 @@ pub struct Once {
 pub mod book;
 pub mod etcd;
 pub mod local;
+
+/// What stands at a record's place and is not a record of it (a FIFO, a link, another layout,
+/// a damaged value), for `status` to show.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Unreadable {
+    /// The KEY whose place it is; `-` when a whole folder was refused.
+    pub key: String,
+    /// Why it is not a record, naming the file or etcd key.
+    pub why: String,
+}
 
 /// Whether a record was stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +66,7 @@ pub const MAN_SECTION: &[(&str, &str)] = &[
     ),
     (
         "records",
-        "On etcd, PREFIX/runs/NAME/KEY: the segment after the prefix is empty, a name no lease can have, so a record is never under a lock's queue prefix PREFIX NAME/ (any key there would take part in the mutex). With --prefix '' that is /runs/NAME/KEY, which etcdctl lock touches only for a lock name starting with /runs/. Each record has a lease of its own, of TTL --keep (default 7d): etcd deletes it then, and a leader change restarts the count, as for every etcd lease. On the local backend, DIR/runs/NAME/KEY.json, opened without following symlinks; its modification time is its expiry: past it the record counts as gone, and the next write removes it. A value there that is not a leasewrap run record is reported with status 78 and never taken for done.",
+        "On etcd, PREFIX/runs/NAME/KEY: the segment after the prefix is empty, a name no lease can have, so a record is never under a lock's queue prefix PREFIX NAME/ (any key there would take part in the mutex). With --prefix '' that is /runs/NAME/KEY, which etcdctl lock touches only for a lock name starting with /runs/. Each record has a lease of its own, of TTL --keep (default 7d): etcd deletes it then, and a leader change restarts the count, as for every etcd lease. On the local backend, DIR/runs/NAME/KEY.json: runs/ and runs/NAME are reached through the state directory's descriptor, never through a link, and like it must be owned by the user or root and writable by nobody else; a record is opened as the token file is (never through a link, never waiting on a FIFO, a regular file of the user with one link, read no further than 64 KiB). A record counts as gone once its keep_until has passed. Each write removes the temp files of writers that died, and every record whose keep_until lies before the end of another record of NAME, one that ended no later than now (the record just written aside): the records show that the keep time is over, never the clock alone, so a run under a clock far ahead (faked, or mis-set) deletes no record that is still kept, and modification times (cp -r, a restore from backup) play no part. A value that is not a leasewrap run record, a record with a time outside 1970 to 9999, a record file or folder that is refused: each ends a run with status 78 before anything starts (the lease is given back at once) and is never taken for done; status shows it as a row saying why.",
     ),
     (
         "--max-runtime DUR",

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 /// The `format` of every record this version writes; a value without it is not ours.
 pub const FORMAT: &str = "leasewrap-run/1";
 
+/// The latest time a record may hold, 9999-12-31T23:59:59Z: the last second RFC 3339 can
+/// write. A time outside 1970..=this makes the record damaged.
+pub const LATEST: f64 = 253_402_300_799.0;
+
 /// How one invocation ended, as the metrics file and the run records name it.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -157,7 +161,23 @@ impl RunRecord {
                 r.outcome.as_str()
             ));
         }
+        r.check_times()?;
         Ok(r)
+    }
+
+    /// Every time in the record is one that can be written as a date: from 1970 to 9999.
+    fn check_times(&self) -> Result<(), String> {
+        let times = [
+            ("start", self.start),
+            ("end", self.end),
+            ("keep_until", self.keep_until),
+        ];
+        match times.iter().find(|(_, t)| !(0.0..=LATEST).contains(t)) {
+            Some((field, t)) => Err(format!(
+                "is a damaged leasewrap run record ({field} {t} is not a time from 1970 to 9999)"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The JSON that is stored.
@@ -191,6 +211,16 @@ pub struct Run {
     pub exit_status: Option<i32>,
     /// The signal it died of, when it did.
     pub signal: Option<String>,
+}
+
+/// Unix seconds as RFC 3339 UTC (`2026-12-01T02:00:31Z`); a number that is no such time (a
+/// damaged record's) as the number itself, never a panic.
+pub fn time_text(unix: f64) -> String {
+    if !(0.0..=LATEST).contains(&unix) {
+        return unix.to_string();
+    }
+    let at = UNIX_EPOCH + Duration::from_secs_f64(unix);
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// Seconds since the Unix epoch, as the records and the metrics file write time.
@@ -310,6 +340,25 @@ mod tests {
         assert_eq!(Decision::of(Some(&done), Some(2)), Decision::Done);
         assert_eq!(Decision::Done.skip_outcome(), Some(Outcome::SkippedDone));
         assert_eq!(Decision::Run.skip_outcome(), None);
+    }
+
+    #[test]
+    fn a_record_with_a_time_no_date_can_show_is_damaged() {
+        let good = record(Outcome::RanOk, 1);
+        for (field, t) in [("end", 3e11), ("start", 1e20), ("keep_until", -1.0)] {
+            let mut r = good.clone();
+            match field {
+                "end" => r.end = t,
+                "start" => r.start = t,
+                _ => r.keep_until = t,
+            }
+            let err = RunRecord::parse(&r.to_json(), "job", "k").unwrap_err();
+            assert!(err.contains("damaged") && err.contains(field), "{err}");
+        }
+        assert_eq!(time_text(1_796_090_431.0), "2026-12-01T02:00:31Z");
+        assert_eq!(time_text(LATEST), "9999-12-31T23:59:59Z");
+        assert_eq!(time_text(3e11), "300000000000");
+        assert_eq!(time_text(-1.5), "-1.5");
     }
 
     #[test]

@@ -72,8 +72,6 @@ async fn held(
         }
     };
     Ok(LeaseStatus {
-        name: name.to_owned(),
-        backend: BACKEND,
         held: true,
         holder: Holder::parse(owner.value()),
         token: Some(owner.create_revision() as u64),
@@ -81,7 +79,7 @@ async fn held(
         ttl_s,
         waiters: Some(waiters),
         key: Some(String::from_utf8_lossy(owner.key()).into_owned()),
-        runs: Vec::new(),
+        ..LeaseStatus::free(name, BACKEND)
     })
 }
 

@@ -4,7 +4,6 @@
 //! holder's lock on the same inode. Opens files read-only and creates nothing.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -13,13 +12,10 @@ use nix::fcntl::{Flock, FlockArg};
 
 use super::{Holder, LeaseStatus};
 use crate::error::Error;
-use crate::files::{self, Dir};
+use crate::files::{self, Dir, RECORD_MAX};
 use crate::lease::local::{lock_name, token_name};
 
 const BACKEND: &str = "local";
-
-/// The most of a holder record read back (one is a few hundred bytes).
-const RECORD_MAX: u64 = 64 * 1024;
 
 /// The lease `name`, or every `*.lock` in `dir` by name. A missing `dir` holds no leases.
 pub fn leases(dir: &Path, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error> {
@@ -31,7 +27,15 @@ pub fn leases(dir: &Path, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error>
         Some(n) => vec![n.to_owned()],
         None => lock_names(dir.path())?,
     };
-    names.iter().map(|n| lease(&dir, n)).collect()
+    names.iter().map(|n| lease_or_refused(&dir, n)).collect()
+}
+
+/// The lease `name`, or a row saying why its lock file was refused.
+fn lease_or_refused(dir: &Dir, name: &str) -> Result<LeaseStatus, Error> {
+    match lease(dir, name) {
+        Err(Error::Config(why)) => Ok(LeaseStatus::refused(name, BACKEND, why)),
+        other => other,
+    }
 }
 
 fn lock_names(dir: &Path) -> Result<Vec<String>, Error> {
@@ -60,11 +64,7 @@ fn lease(dir: &Dir, name: &str) -> Result<LeaseStatus, Error> {
         Err((file, Errno::EWOULDBLOCK)) => file,
         Err((_, e)) => return Err(Error::internal(format!("flock {}", path.display()), e)),
     };
-    let mut record = Vec::new();
-    (&file)
-        .take(RECORD_MAX)
-        .read_to_end(&mut record)
-        .map_err(|e| unreadable("lock file", &path, e))?;
+    let record = files::read_bounded(&file, &path, RECORD_MAX)?;
     let waiters = file
         .metadata()
         .ok()

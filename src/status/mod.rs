@@ -29,7 +29,7 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ("77", "etcd refused the authentication or the TLS handshake"),
     (
         "78",
-        "bad configuration: a certificate, password file, the local directory or a lock file is unreadable",
+        "bad configuration: a certificate, password file or the local directory is unreadable; or a lock file, a run record or a folder of them was refused (a link, a FIFO, damaged): the listing is printed whole, with a row saying why, and then status exits 78",
     ),
     ("125", "leasewrap itself failed"),
 ];
@@ -55,8 +55,12 @@ pub struct LeaseStatus {
     pub waiters: Option<u64>,
     /// The holder's lock key (etcd) or the lock file (local).
     pub key: Option<String>,
+    /// Why the lock file was refused (a link, a FIFO, ...); then nothing else is known.
+    pub refused: Option<String>,
     /// The last runs recorded by --once, newest first (at most [`runs::LAST`]).
     pub runs: Vec<crate::runs::RunRecord>,
+    /// What stands at a record's place and is not a record (at most [`runs::LAST`]).
+    pub unreadable_runs: Vec<crate::runs::Unreadable>,
 }
 
 /// The record a holder leaves in its lock key or lock file: written by `run`, read by `status`.
@@ -117,13 +121,25 @@ impl LeaseStatus {
             ttl_s: None,
             waiters: Some(0),
             key: None,
+            refused: None,
             runs: Vec::new(),
+            unreadable_runs: Vec::new(),
+        }
+    }
+
+    /// A lease whose lock file was refused, for `why`.
+    fn refused(name: &str, backend: &'static str, why: String) -> LeaseStatus {
+        LeaseStatus {
+            waiters: None,
+            refused: Some(why),
+            ..LeaseStatus::free(name, backend)
         }
     }
 }
 
 /// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing. With
-/// `--once KEY`: exit 0 when KEY of NAME is done, 1 when it is not.
+/// `--once KEY`: exit 0 when KEY of NAME is done, 1 when it is not. Anything refused (a lock
+/// file, a record) is a row of the listing, and then the error (78) once all is printed.
 pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
     let name = args.name.as_deref();
     if let Some(name) = name {
@@ -145,10 +161,29 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
         (false, _) => table(&leases) + &runs::table(&leases),
     };
     print(&text)?;
+    refusals(&leases)?;
     Ok(match name {
         Some(_) if !leases[0].held => 1,
         _ => 0,
     })
+}
+
+/// Everything the listing shows as refused or unreadable, as one error line.
+fn refusals(leases: &[LeaseStatus]) -> Result<(), Error> {
+    let whys: Vec<&str> = leases
+        .iter()
+        .flat_map(|l| {
+            let runs = l.unreadable_runs.iter().map(|u| u.why.as_str());
+            l.refused.as_deref().into_iter().chain(runs)
+        })
+        .collect();
+    match whys.is_empty() {
+        true => Ok(()),
+        false => Err(Error::Config(printable(&format!(
+            "shown in the listing: {}",
+            whys.join("; ")
+        )))),
+    }
 }
 
 pub(crate) fn json_line(value: &impl Serialize) -> Result<String, Error> {
@@ -212,6 +247,19 @@ pub(crate) fn align<const N: usize>(rows: &[[String; N]]) -> String {
 }
 
 fn row(l: &LeaseStatus) -> [String; 8] {
+    if let Some(why) = &l.refused {
+        let q = || "?".to_owned();
+        return [
+            l.name.clone(),
+            "refused".into(),
+            q(),
+            q(),
+            q(),
+            q(),
+            q(),
+            why.clone(),
+        ];
+    }
     let dash = || "-".to_owned();
     let or_dash = |v: Option<String>| v.unwrap_or_else(dash);
     let time_left = match (l.held, l.backend, l.time_left_s) {
@@ -238,9 +286,9 @@ fn row(l: &LeaseStatus) -> [String; 8] {
 }
 
 /// `text` with every character that does not print as itself (controls, escape sequences, bidi
-/// and other format characters) written as `\u{..}`: a name from a directory listing or a
-/// holder record never drives the terminal.
-fn printable(text: &str) -> String {
+/// and other format characters) written as `\u{..}`: a name from a directory listing, a holder
+/// or run record never drives the terminal. The one rule for every untrusted field printed.
+pub fn printable(text: &str) -> String {
     let shows_as_itself = |c: char| matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1;
     text.chars()
         .map(|c| {
@@ -310,6 +358,25 @@ mod tests {
                 "c               held   42     -          ?        ?     ?     ?",
             ]
         );
+    }
+
+    #[test]
+    fn a_refused_lock_file_is_a_row_saying_why_and_the_listing_then_fails_with_78() {
+        let why = "refusing d.lock: it is not a regular file\u{1b}[2J";
+        let leases = [
+            LeaseStatus::free("b", "local"),
+            LeaseStatus::refused("d", "local", why.into()),
+        ];
+        let text = table(&leases);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[2],
+            r"d     refused  ?      ?          ?        ?     ?    refusing d.lock: it is not a regular file\u{1b}[2J"
+        );
+        let err = refusals(&leases).unwrap_err();
+        assert_eq!(err.code(crate::error::ExitCodes::default()), 78);
+        assert!(!err.to_string().contains('\u{1b}'), "{err}");
+        assert!(refusals(&leases[..1]).is_ok());
     }
 
     #[test]

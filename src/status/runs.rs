@@ -1,11 +1,11 @@
 //! Run records in `leasewrap status`: the last runs of each lease listed, and `status --once KEY`.
 //! Reads only, like the rest of `status`.
 
-use super::{align, json_line, print, LeaseStatus};
+use super::{align, json_line, print, printable, LeaseStatus};
 use crate::config::{check_key, Backend, EtcdConfig};
 use crate::error::Error;
 use crate::lease::etcd::client::Conn;
-use crate::runs::{self, Outcome, RunRecord};
+use crate::runs::{self, time_text, Outcome, RunRecord, Unreadable};
 
 /// How many runs are shown per lease.
 pub const LAST: usize = 10;
@@ -24,24 +24,29 @@ impl<'a> Reader<'a> {
         })
     }
 
-    /// The last runs of `name`, newest first; a value that is not a record is logged and skipped.
-    async fn last(&self, name: &str) -> Result<Vec<RunRecord>, Error> {
+    /// The last runs of `name`, newest first, and what is there but is not a record.
+    async fn last(&self, name: &str) -> Result<(Vec<RunRecord>, Vec<Unreadable>), Error> {
         let all = match self {
             Reader::Local(dir) => runs::local::list(dir, name),
             Reader::Etcd(conn, cfg) => runs::etcd::list(conn, &cfg.prefix, name).await?,
         };
-        let mut good: Vec<RunRecord> = all
-            .into_iter()
-            .filter_map(|r| r.map_err(|why| tracing::warn!("run record {why}")).ok())
-            .collect();
+        let (mut good, mut bad): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+        for r in all {
+            match r {
+                Ok(r) => good.push(r),
+                Err(u) => bad.push(u),
+            }
+        }
         good.sort_by(|a, b| b.end.total_cmp(&a.end));
         good.truncate(LAST);
-        Ok(good)
+        bad.sort_by(|a, b| a.key.cmp(&b.key));
+        bad.truncate(LAST);
+        Ok((good, bad))
     }
 
     async fn read(&self, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
         match self {
-            Reader::Local(dir) => runs::local::read(dir, name, key),
+            Reader::Local(dir) => runs::local::look(dir, name, key),
             Reader::Etcd(conn, cfg) => runs::etcd::read(conn, &cfg.prefix, name, key).await,
         }
     }
@@ -51,7 +56,7 @@ impl<'a> Reader<'a> {
 pub async fn fill(backend: &Backend, leases: &mut [LeaseStatus]) -> Result<(), Error> {
     let reader = Reader::new(backend).await?;
     for lease in leases {
-        lease.runs = reader.last(&lease.name).await?;
+        (lease.runs, lease.unreadable_runs) = reader.last(&lease.name).await?;
     }
     Ok(())
 }
@@ -65,7 +70,7 @@ pub async fn once(backend: &Backend, name: &str, key: &str, json: bool) -> Resul
         true => json_line(&serde_json::json!({
             "name": name, "key": key, "done": done, "record": record,
         }))?,
-        false => format!("{}\n", once_line(name, key, record.as_ref())),
+        false => format!("{}\n", printable(&once_line(name, key, record.as_ref()))),
     };
     print(&text)?;
     Ok(if done { 0 } else { 1 })
@@ -84,7 +89,7 @@ fn once_line(name: &str, key: &str, record: Option<&RunRecord>) -> String {
         r.host,
         r.pid,
         r.token,
-        time(r.end),
+        time_text(r.end),
         status(r),
         r.attempts
     )
@@ -95,10 +100,19 @@ const HEADER: [&str; 10] = [
 ];
 
 /// The runs of every lease under a header, after a blank line; nothing when there are none.
+/// Every cell is [`printable`]: keys, hosts and reasons come from files and keys others write.
 pub fn table(leases: &[LeaseStatus]) -> String {
     let runs: Vec<[String; 10]> = leases
         .iter()
-        .flat_map(|l| l.runs.iter().map(move |r| row(&l.name, r)))
+        .flat_map(|l| {
+            let good = l.runs.iter().map(move |r| row(&l.name, r));
+            good.chain(
+                l.unreadable_runs
+                    .iter()
+                    .map(move |u| unreadable_row(&l.name, u)),
+            )
+        })
+        .map(|row| row.map(|cell| printable(&cell)))
         .collect();
     if runs.is_empty() {
         return String::new();
@@ -116,16 +130,27 @@ fn row(name: &str, r: &RunRecord) -> [String; 10] {
         r.token.to_string(),
         r.host.clone(),
         r.pid.to_string(),
-        time(r.start),
-        time(r.end),
+        time_text(r.start),
+        time_text(r.end),
         status(r),
     ]
 }
 
-/// Unix seconds as RFC 3339 UTC.
-fn time(unix: f64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(unix.max(0.0));
-    humantime::format_rfc3339_seconds(at).to_string()
+/// A row for what is at KEY's place and is not a record: why, in the last column.
+fn unreadable_row(name: &str, u: &Unreadable) -> [String; 10] {
+    let q = || "?".to_owned();
+    [
+        name.to_owned(),
+        u.key.clone(),
+        "unreadable".into(),
+        q(),
+        q(),
+        q(),
+        q(),
+        q(),
+        q(),
+        u.why.clone(),
+    ]
 }
 
 /// The exit status, or the signal, of a recorded run.
@@ -186,5 +211,20 @@ mod tests {
             "{line}"
         );
         assert_eq!(once_line("job", "k", None), "job k: not run yet");
+    }
+
+    #[test]
+    fn what_is_not_a_record_is_a_row_saying_why_with_every_cell_escaped() {
+        let mut lease = LeaseStatus::free("job", "local");
+        lease.unreadable_runs = vec![Unreadable {
+            key: "x\u{1b}[2Jy".into(),
+            why: "run record d/runs/job/k.json is damaged\r".into(),
+        }];
+        let text = table(&[lease]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[2],
+            r"job   x\u{1b}[2Jy  unreadable  ?     ?      ?     ?    ?      ?    run record d/runs/job/k.json is damaged\u{d}"
+        );
     }
 }

@@ -56,6 +56,7 @@ on_every_backend!(
     a_record_is_gone_after_keep_and_key_runs_again,
     bad_once_input_exits_64_with_one_line_and_acquires_nothing,
     a_foreign_record_exits_78_and_runs_nothing,
+    a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_status,
 );
 
 /// The lease TTL of these tests: etcd's minimum, so a SIGKILLed holder's lease runs out soon.
@@ -91,12 +92,17 @@ impl Fleet {
 
     /// `leasewrap status ARGS... NAME` on this fleet's backend.
     fn status(&self, args: &[&str]) -> Output {
+        self.status_all(&[args, &[self.name]].concat())
+    }
+
+    /// `leasewrap status ARGS...` on this fleet's backend: every name when ARGS name none.
+    fn status_all(&self, args: &[&str]) -> Output {
         let lw = Leasewrap::subcommand("status");
         let lw = match self.on {
             On::Local => lw.local_dir(self.sandbox.state()),
             On::Etcd(v) => lw.on_etcd(&etcd::shared(v).endpoint(), &self.prefix),
         };
-        lw.args(args).args(&[self.name]).output()
+        lw.args(args).output()
     }
 
     /// The file every job appends a line to.
@@ -566,6 +572,12 @@ const LIBFAKETIME_MT: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.s
 /// A leasewrap of `fleet` whose wall clock starts at `at` (UTC) when it execs; its monotonic
 /// clocks, and so its deadlines, stay real.
 fn at_wall_clock(fleet: &Fleet, at: &str) -> Leasewrap {
+    faked_wall_clock(fleet, &format!("@{at}"))
+}
+
+/// A leasewrap of `fleet` whose wall clock is faked as libfaketime's FAKETIME `spec` says
+/// (`@2026-12-01 02:00:00`, `+30d`); its monotonic clocks stay real.
+fn faked_wall_clock(fleet: &Fleet, spec: &str) -> Leasewrap {
     assert!(
         std::path::Path::new(LIBFAKETIME_MT).is_file(),
         "{LIBFAKETIME_MT} is needed (Debian package faketime; scripts/test.sh installs it)"
@@ -573,7 +585,7 @@ fn at_wall_clock(fleet: &Fleet, at: &str) -> Leasewrap {
     fleet
         .lw()
         .env("LD_PRELOAD", LIBFAKETIME_MT)
-        .env("FAKETIME", format!("@{at}"))
+        .env("FAKETIME", spec)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env("TZ", "UTC")
 }
@@ -748,6 +760,51 @@ fn a_reader_of_the_metrics_file_never_sees_half_a_file() {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Damaged records, KEYs, the local sweep and status (issue 18 section 1, issue 21 item 15).
+// ---------------------------------------------------------------------------------------------
+
+/// A run record of the fleet's name as leasewrap writes one (a success kept for a day), with
+/// `end` written as the JSON number `end`.
+fn record_ending(fleet: &Fleet, key: &str, end: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    format!(
+        r#"{{"format":"leasewrap-run/1","name":"{}","key":"{key}","outcome":"ran-ok","attempts":1,"host":"h","pid":7,"token":3,"start":{now},"end":{end},"exit_status":0,"signal":null,"keep_until":{}}}"#,
+        fleet.name,
+        now + 86400
+    )
+}
+
+fn a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_status(on: On) {
+    let fleet = Fleet::new(on, "times");
+    for (i, end) in ["3e11", "1e20", "-1", "1e400"].iter().enumerate() {
+        let key = format!("k{i}");
+        fleet.plant_record(&key, &record_ending(&fleet, &key, end));
+        let out = fleet
+            .lw()
+            .args(&["--once", &key])
+            .cmd(&fleet.job("ran", 0))
+            .output();
+        assert_exit(&out, 78);
+        assert!(out.stderr.contains("run record"), "{end}: {}", out.stderr);
+        // Released at once, not left to its TTL: a -n run gets it now.
+        fleet.assert_lease_free();
+        let listed = fleet.status(&[]);
+        assert_exit(&listed, 78);
+        let row = listed
+            .stdout
+            .lines()
+            .find(|l| l.contains("unreadable") && l.contains(&key))
+            .unwrap_or_else(|| panic!("{end}: no row for {key}:\n{}", listed.stdout));
+        assert!(row.contains("run record"), "{row}");
+        assert_exit(&fleet.status(&["--once", &key]), 78);
+    }
+    assert!(fleet.runs().is_empty(), "{:?}", fleet.runs());
+}
+
 #[test]
 fn a_key_with_invisible_or_bidi_characters_is_refused_with_64_and_rfc3339_keys_are_not() {
     let fleet = Fleet::new(On::Local, "keys");
@@ -778,4 +835,68 @@ fn a_key_with_invisible_or_bidi_characters_is_refused_with_64_and_rfc3339_keys_a
         let out = fleet.lw().args(&["--once", key]).cmd(&["true"]).output();
         assert_exit(&out, 0);
     }
+}
+
+/// The record files of the fleet's name in the local directory `state`.
+fn record_files(state: &std::path::Path, name: &str) -> Vec<String> {
+    let mut files: Vec<String> = fs::read_dir(state.join("runs").join(name))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn records_copied_with_new_mtimes_are_still_done_after_the_next_write() {
+    let fleet = Fleet::new(On::Local, "copied");
+    for key in ["a", "b", "c"] {
+        assert_exit(
+            &fleet.lw().args(&["--once", key]).cmd(&["true"]).output(),
+            0,
+        );
+    }
+    // cp -r gives every copy the time of the copy as its mtime.
+    let copy = fleet.sandbox.path("copy");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(fleet.sandbox.state())
+        .arg(&copy)
+        .status();
+    assert!(copied.unwrap().success());
+    let lw = || Leasewrap::new().local_dir(&copy).name(fleet.name);
+    assert_exit(&lw().args(&["--once", "d"]).cmd(&["true"]).output(), 0);
+    assert_eq!(
+        record_files(&copy, fleet.name),
+        ["a.json", "b.json", "c.json", "d.json"]
+    );
+    let again = lw().args(&["--once", "b"]).cmd(&fleet.job("b again", 0));
+    assert_exit(&again.output(), 75);
+    assert!(fleet.runs().is_empty());
+}
+
+#[test]
+fn a_run_with_the_clock_30_days_ahead_deletes_no_record_that_is_still_kept() {
+    let fleet = Fleet::new(On::Local, "ahead");
+    for key in ["a", "b"] {
+        assert_exit(
+            &fleet.lw().args(&["--once", key]).cmd(&["true"]).output(),
+            0,
+        );
+    }
+    let ahead = faked_wall_clock(&fleet, "+30d").args(&["--once", "d"]);
+    assert_exit(&ahead.cmd(&["true"]).output(), 0);
+    let state = fleet.sandbox.state();
+    assert_eq!(
+        record_files(&state, fleet.name),
+        ["a.json", "b.json", "d.json"]
+    );
+    // Back on the real clock, the night that ran is still done.
+    let again = fleet
+        .lw()
+        .args(&["--once", "a"])
+        .cmd(&fleet.job("a again", 0));
+    assert_exit(&again.output(), 75);
+    assert!(fleet.runs().is_empty());
 }

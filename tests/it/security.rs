@@ -467,3 +467,193 @@ fn lease_names_outside_letters_digits_and_a_few_marks_are_refused_with_64() {
         .output();
     assert_exit(&out, 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Run records of the local backend (issue 18, section 1).
+
+/// `leasewrap status ARGS...` on the sandbox's state directory.
+fn status(sb: &Sandbox, args: &[&str]) -> Output {
+    Leasewrap::subcommand("status")
+        .local_dir(sb.state())
+        .args(args)
+        .output()
+}
+
+/// The folder of lease `job`'s run records, created.
+fn records_of_job(sb: &Sandbox) -> std::path::PathBuf {
+    let folder = sb.state().join("runs/job");
+    fs::create_dir_all(&folder).unwrap();
+    folder
+}
+
+/// A run record of lease `job` as leasewrap writes one: a success of `key` on `host` that ended
+/// now, kept until `keep` seconds from now.
+fn record_text(key: &str, host: &str, keep: f64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    serde_json::json!({
+        "format": "leasewrap-run/1", "name": "job", "key": key, "outcome": "ran-ok",
+        "attempts": 1, "host": host, "pid": 7, "token": 3, "start": now - 60.0, "end": now,
+        "exit_status": 0, "signal": null, "keep_until": now + keep,
+    })
+    .to_string()
+}
+
+/// The line of `text` that mentions `what`.
+#[track_caller]
+fn line_with<'a>(text: &'a str, what: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("no line mentions {what:?}:\n{text}"))
+}
+
+#[test]
+fn a_fifo_at_a_record_path_is_refused_at_once_and_status_shows_why() {
+    let sb = Sandbox::new();
+    mkfifo(&records_of_job(&sb).join("kf.json"));
+    let out = job(&sb).args(&["--once", "kf"]).output();
+    assert_refused(&sb, &out, "kf.json");
+    let listed = status(&sb, &[]);
+    assert_exit(&listed, 78);
+    let row = line_with(&listed.stdout, "kf");
+    assert!(row.contains("not a regular file"), "{}", listed.context());
+    assert!(listed.stderr.contains("kf.json"), "{}", listed.context());
+    let once = status(&sb, &["--once", "kf", "job"]);
+    assert_exit(&once, 78);
+    assert!(once.stderr.contains("kf.json"), "{}", once.context());
+}
+
+/// What a terminal would act on: ESC, BEL, CR and the right-to-left override.
+#[track_caller]
+fn assert_nothing_drives_the_terminal(text: &str) {
+    for c in ['\u{1b}', '\u{7}', '\r', '\u{202e}'] {
+        assert!(!text.contains(c), "{c:?} printed raw: {text:?}");
+    }
+}
+
+#[test]
+fn record_fields_and_keys_are_escaped_in_status_and_in_the_already_ran_line() {
+    let sb = Sandbox::new();
+    let folder = records_of_job(&sb);
+    let host = "h\u{1b}]0;owned\u{7}\u{1b}[2J\r\u{202e}";
+    fs::write(folder.join("k.json"), record_text("k", host, 86400.0)).unwrap();
+    let key = "x\u{1b}[2Jy";
+    fs::write(
+        folder.join(format!("{key}.json")),
+        record_text(key, "h", 86400.0),
+    )
+    .unwrap();
+    let listed = status(&sb, &["job"]);
+    assert_nothing_drives_the_terminal(&listed.stdout);
+    assert!(
+        listed
+            .stdout
+            .contains(r"h\u{1b}]0;owned\u{7}\u{1b}[2J\u{d}\u{202e}"),
+        "{}",
+        listed.context()
+    );
+    assert!(
+        listed.stdout.contains(r"x\u{1b}[2Jy"),
+        "{}",
+        listed.context()
+    );
+    let once = status(&sb, &["--once", "k", "job"]);
+    assert_exit(&once, 0);
+    assert_nothing_drives_the_terminal(&once.stdout);
+    assert!(
+        once.stdout.contains(r"\u{1b}]0;owned"),
+        "{}",
+        once.context()
+    );
+    let skipped = job(&sb).args(&["--once", "k"]).output();
+    assert_exit(&skipped, 75);
+    assert_nothing_drives_the_terminal(&skipped.stderr);
+    assert!(
+        skipped.stderr.contains("already ran"),
+        "{}",
+        skipped.context()
+    );
+    assert!(!sb.path("ran").exists());
+}
+
+#[test]
+fn a_symlinked_runs_or_runs_name_folder_is_refused_and_nothing_behind_it_is_deleted() {
+    for link in ["runs", "runs/job"] {
+        let sb = Sandbox::new();
+        let elsewhere = sb.path("elsewhere");
+        let behind = match link {
+            "runs" => elsewhere.join("job"),
+            _ => elsewhere.clone(),
+        };
+        fs::create_dir_all(&behind).unwrap();
+        fs::create_dir_all(sb.state().join("runs")).unwrap();
+        // An expired record, a temp file's name and a file of the other folder's own.
+        let expired = record_text("old", "h", -30.0 * 86400.0);
+        let planted = [
+            ("old.json", expired.as_str()),
+            (".x.json.tmp-00000000000f423f", "half"),
+            ("notes.txt", "mine"),
+        ];
+        for (file, text) in planted {
+            fs::write(behind.join(file), text).unwrap();
+        }
+        let aged = Command::new("touch")
+            .args(["-d", "2001-01-01"])
+            .args(planted.map(|(f, _)| behind.join(f)))
+            .status();
+        assert!(aged.unwrap().success());
+        if link == "runs" {
+            fs::remove_dir(sb.state().join("runs")).unwrap();
+        }
+        symlink(&elsewhere, sb.state().join(link)).unwrap();
+        let out = job(&sb).args(&["--once", "k"]).output();
+        assert_refused(&sb, &out, link);
+        let left: Vec<_> = fs::read_dir(&behind).unwrap().flatten().collect();
+        assert_eq!(left.len(), 3, "{link}: {left:?}");
+        let listed = status(&sb, &["job"]);
+        assert_exit(&listed, 78);
+        assert!(
+            line_with(&listed.stdout, "unreadable").contains("symbolic link"),
+            "{}",
+            listed.context()
+        );
+    }
+}
+
+#[test]
+fn a_refused_lock_file_is_a_row_of_the_listing_and_status_exits_78() {
+    let sb = Sandbox::new();
+    assert_exit(&job(&sb).output(), 0);
+    mkfifo(&sb.lock_file("fifo"));
+    symlink(sb.path("elsewhere"), sb.lock_file("link")).unwrap();
+    let out = status(&sb, &[]);
+    assert_exit(&out, 78);
+    assert!(
+        line_with(&out.stdout, "job").contains("free"),
+        "{}",
+        out.context()
+    );
+    for (name, why) in [("fifo", "not a regular file"), ("link", "symbolic link")] {
+        let row = line_with(&out.stdout, name);
+        assert!(
+            row.contains("refused") && row.contains(why),
+            "{}",
+            out.context()
+        );
+        assert!(
+            out.stderr.contains(&format!("{name}.lock")),
+            "{}",
+            out.context()
+        );
+    }
+    let json: serde_json::Value = serde_json::from_str(&status(&sb, &["--json"]).stdout).unwrap();
+    let refused: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["refused"].as_str())
+        .collect();
+    assert_eq!(refused.len(), 2, "{json}");
+}
