@@ -170,6 +170,26 @@ pub async fn list(
         .collect())
 }
 
+/// The names that have records under `prefix`, for a `status` listing: one keys-only read.
+pub async fn names(conn: &Conn, prefix: &str) -> Result<Vec<String>, Error> {
+    let under = format!("{prefix}/runs/");
+    let resp = conn
+        .retrying(|mut c| {
+            let under = under.clone();
+            let opts = GetOptions::new().with_prefix().with_keys_only();
+            async move { c.get(under, Some(opts)).await }
+        })
+        .await?;
+    let mut names: Vec<String> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| std::str::from_utf8(kv.key()).ok()?.strip_prefix(&under))
+        .filter_map(|rest| Some(rest.split_once('/')?.0.to_owned()))
+        .collect();
+    names.dedup();
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,6 +203,23 @@ pub fn list(dir: &Path, name: &str) -> Vec<Result<RunRecord, Unreadable>> {
     out
 }
 
+/// The names that have a folder of records in the state directory `dir`, for a `status`
+/// listing. Reads only.
+pub fn names(dir: &Path) -> Vec<String> {
+    let runs = Dir::to_read(dir)
+        .ok()
+        .flatten()
+        .map(|d| d.sub_to_read("runs"));
+    let Some(Ok(Some(runs))) = runs else {
+        return Vec::new();
+    };
+    let names = runs.names().unwrap_or_default();
+    names
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +256,7 @@ mod tests {
         assert_eq!(w, Written::Refused("lock file replaced".into()));
         assert_eq!(read(dir.path(), "job", "k2").unwrap(), None);
         assert_eq!(list(dir.path(), "job"), vec![Ok(r)]);
+        assert_eq!(names(dir.path()), ["job"]);
     }
 
     /// A record of `key` that ended at `end` and is kept until `keep_until` (Unix seconds).

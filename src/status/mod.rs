@@ -64,7 +64,7 @@ pub struct LeaseStatus {
 }
 
 /// The record a holder leaves in its lock key or lock file: written by `run`, read by `status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Holder {
     /// Host name of the holding leasewrap.
     pub host: String,
@@ -72,8 +72,8 @@ pub struct Holder {
     pub pid: u32,
     /// The command it runs, as argv.
     pub command: Vec<String>,
-    /// When it took the lease, in seconds since the Unix epoch.
-    pub start: u64,
+    /// When it took the lease, in seconds since the Unix epoch (as every time `status` gives).
+    pub start: f64,
 }
 
 impl Holder {
@@ -82,10 +82,7 @@ impl Holder {
         let host = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let start = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
+        let start = crate::runs::record::unix_seconds(std::time::SystemTime::now());
         Holder {
             host,
             pid: std::process::id(),
@@ -154,7 +151,7 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
         Backend::Local { dir } => local::leases(dir, name)?,
         Backend::Etcd(cfg) => etcd::leases(cfg, name).await?,
     };
-    runs::fill(&backend, &mut leases).await?;
+    runs::fill(&backend, &mut leases, name.is_none()).await?;
     let text = match (args.json, name) {
         (true, Some(_)) => json_line(&leases[0])?,
         (true, None) => json_line(&leases)?,
@@ -340,7 +337,7 @@ mod tests {
             host: "web1".into(),
             pid: 4242,
             command: vec!["./report.sh".into(), "--since".into(), "last week".into()],
-            start: 0,
+            start: 0.0,
         };
         let leases = [
             held("nightly-report", "etcd", Some(holder)),

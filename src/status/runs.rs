@@ -50,11 +50,33 @@ impl<'a> Reader<'a> {
             Reader::Etcd(conn, cfg) => runs::etcd::read(conn, &cfg.prefix, name, key).await,
         }
     }
+
+    /// The names that have records, and the backend's name for a lease row of one.
+    async fn names(&self) -> Result<(Vec<String>, &'static str), Error> {
+        Ok(match self {
+            Reader::Local(dir) => (runs::local::names(dir), "local"),
+            Reader::Etcd(conn, cfg) => (runs::etcd::names(conn, &cfg.prefix).await?, "etcd"),
+        })
+    }
 }
 
-/// Give each lease its last runs.
-pub async fn fill(backend: &Backend, leases: &mut [LeaseStatus]) -> Result<(), Error> {
+/// Give each lease its last runs. For a `listing` (no NAME), a name that has records but no
+/// lease now is listed too, as a free lease with its runs.
+pub async fn fill(
+    backend: &Backend,
+    leases: &mut Vec<LeaseStatus>,
+    listing: bool,
+) -> Result<(), Error> {
     let reader = Reader::new(backend).await?;
+    if listing {
+        let (names, backend) = reader.names().await?;
+        for name in names {
+            if !leases.iter().any(|l| l.name == name) {
+                leases.push(LeaseStatus::free(&name, backend));
+            }
+        }
+        leases.sort_by(|a, b| a.name.cmp(&b.name));
+    }
     for lease in leases {
         (lease.runs, lease.unreadable_runs) = reader.last(&lease.name).await?;
     }

@@ -57,6 +57,7 @@ on_every_backend!(
     bad_once_input_exits_64_with_one_line_and_acquires_nothing,
     a_foreign_record_exits_78_and_runs_nothing,
     a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_status,
+    status_lists_the_runs_of_names_nobody_holds_with_every_time_in_unix_seconds,
 );
 
 /// The lease TTL of these tests: etcd's minimum, so a SIGKILLed holder's lease runs out soon.
@@ -803,6 +804,34 @@ fn a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_st
         assert_exit(&fleet.status(&["--once", &key]), 78);
     }
     assert!(fleet.runs().is_empty(), "{:?}", fleet.runs());
+}
+
+fn status_lists_the_runs_of_names_nobody_holds_with_every_time_in_unix_seconds(on: On) {
+    let fleet = Fleet::new(on, "listed");
+    assert_exit(
+        &fleet.lw().args(&["--once", "k"]).cmd(&["true"]).output(),
+        0,
+    );
+    let all: Value = serde_json::from_str(&fleet.status_all(&["--json"]).stdout).unwrap();
+    let lease = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == fleet.name)
+        .unwrap_or_else(|| panic!("{} is not listed: {all}", fleet.name));
+    assert_eq!(lease["runs"][0]["key"], "k", "{lease}");
+    let text = fleet.status_all(&[]).stdout;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("listed") && l.contains("ran-ok")),
+        "{text}"
+    );
+    let holder = Job::hold(fleet.lw(), &fleet.sandbox, "holder");
+    let held: Value = serde_json::from_str(&fleet.status(&["--json"]).stdout).unwrap();
+    for time in [&held["holder"]["start"], &held["runs"][0]["start"]] {
+        assert!(time.is_f64(), "times are Unix seconds as a float: {held}");
+    }
+    holder.finish();
 }
 
 #[test]
