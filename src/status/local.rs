@@ -25,7 +25,7 @@ pub fn leases(dir: &Path, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error>
     };
     let names = match name {
         Some(n) => vec![n.to_owned()],
-        None => lock_names(dir.path())?,
+        None => lock_names(&dir)?,
     };
     names.iter().map(|n| lease_or_refused(&dir, n)).collect()
 }
@@ -38,12 +38,15 @@ fn lease_or_refused(dir: &Dir, name: &str) -> Result<LeaseStatus, Error> {
     }
 }
 
-fn lock_names(dir: &Path) -> Result<Vec<String>, Error> {
-    let entries = std::fs::read_dir(dir).map_err(|e| unreadable("--local-dir", dir, e))?;
+/// The names of the `*.lock` files in `dir`, read through its descriptor.
+fn lock_names(dir: &Dir) -> Result<Vec<String>, Error> {
+    let entries = dir
+        .names()
+        .map_err(|e| Error::Config(format!("--local-dir {}: {e}", dir.path().display())))?;
     let mut names: Vec<String> = entries
-        .flatten()
-        .filter_map(|e| {
-            let file = e.file_name().into_string().ok()?;
+        .into_iter()
+        .filter_map(|file| {
+            let file = file.into_string().ok()?;
             Some(file.strip_suffix(".lock")?.to_owned())
         })
         .filter(|n| !n.is_empty())
@@ -77,10 +80,6 @@ fn lease(dir: &Dir, name: &str) -> Result<LeaseStatus, Error> {
         key: Some(path.display().to_string()),
         ..LeaseStatus::free(name, BACKEND)
     })
-}
-
-fn unreadable(what: &str, path: &Path, e: std::io::Error) -> Error {
-    Error::Config(format!("{what} {}: {e}", path.display()))
 }
 
 /// The last token handed out, which is the holder's once it has started its child.
