@@ -130,26 +130,45 @@ pub fn write(
     Ok(Written::Stored)
 }
 
-/// Remove the records of one name that [`confirmed_expired`] finds, and temp files of writers
-/// that died: only the lock holder writes here, so under the lock every temp file is garbage.
-/// `written` (just stored) is not weighed: its `end` is this host's clock, which is in question.
+/// The most records one sweep reads, so that a write costs a bounded number of reads however
+/// many records a name has (`--once-per 1m` keeps some 10,000 over a week's --keep). Each sweep
+/// starts at a random place among them, so every record is looked at in time.
+const SWEEP_READS: usize = 64;
+
+/// Remove the records of one name that [`confirmed_expired`] finds among [`SWEEP_READS`] of
+/// them, and temp files of writers that died: only the lock holder writes here, so under the
+/// lock every temp file is garbage. `written` (just stored) is not weighed: its `end` is this
+/// host's clock, which is in question.
 fn sweep(folder: &Dir, written: &RunRecord, now: SystemTime) {
+    sweep_from(folder, written, now, files::random_u64() as usize);
+}
+
+/// [`sweep`], reading the records from the `start`th (modulo their number) in name order.
+fn sweep_from(folder: &Dir, written: &RunRecord, now: SystemTime, start: usize) {
     let Ok(names) = folder.names() else {
         return;
     };
-    let mut records = Vec::new();
+    let mut keys = Vec::new();
     for name in names.iter().filter_map(|n| n.to_str()) {
         if file::is_temp(name) {
             let _ = folder.remove(name);
-            continue;
-        }
-        let Some(key) = name.strip_suffix(".json").filter(|k| *k != written.key) else {
-            continue;
-        };
-        if let Ok(Some(r)) = load(folder, &written.name, key, Access::Run) {
-            records.push((name, r));
+        } else if let Some(key) = name.strip_suffix(".json").filter(|k| *k != written.key) {
+            keys.push(key);
         }
     }
+    keys.sort_unstable();
+    let first = start.checked_rem(keys.len()).unwrap_or(0);
+    let window = keys
+        .iter()
+        .cycle()
+        .skip(first)
+        .take(keys.len().min(SWEEP_READS));
+    let records: Vec<(String, RunRecord)> = window
+        .filter_map(|key| {
+            let record = load(folder, &written.name, key, Access::Run).ok()??;
+            Some((file_name(key), record))
+        })
+        .collect();
     for name in confirmed_expired(&records, unix_seconds(now)) {
         let _ = folder.remove(name);
     }
@@ -160,7 +179,7 @@ fn sweep(folder: &Dir, written: &RunRecord, now: SystemTime) {
 /// alone, shows that the keep time is over. A clock far ahead of every record (a faked or
 /// mis-set clock) then deletes nothing that the records themselves do not show expired, and a
 /// record that ended "in the future" is no witness.
-fn confirmed_expired<'a>(records: &[(&'a str, RunRecord)], now: f64) -> Vec<&'a str> {
+fn confirmed_expired(records: &[(String, RunRecord)], now: f64) -> Vec<&str> {
     let newest = records
         .iter()
         .map(|(_, r)| r.end)
@@ -169,7 +188,7 @@ fn confirmed_expired<'a>(records: &[(&'a str, RunRecord)], now: f64) -> Vec<&'a 
     records
         .iter()
         .filter(|(_, r)| r.keep_until < newest)
-        .map(|(name, _)| *name)
+        .map(|(name, _)| name.as_str())
         .collect()
 }
 
@@ -272,9 +291,9 @@ mod tests {
     fn only_a_record_whose_keep_time_passed_before_another_ended_is_expired() {
         let day = 86400.0;
         let records = [
-            ("a.json", at("a", 10.0 * day, 17.0 * day)),
-            ("b.json", at("b", 20.0 * day, 27.0 * day)),
-            ("c.json", at("c", 21.0 * day, 28.0 * day)),
+            ("a.json".to_owned(), at("a", 10.0 * day, 17.0 * day)),
+            ("b.json".to_owned(), at("b", 20.0 * day, 27.0 * day)),
+            ("c.json".to_owned(), at("c", 21.0 * day, 28.0 * day)),
         ];
         assert_eq!(confirmed_expired(&records, 22.0 * day), ["a.json"]);
         // The clock 30 days ahead: c's end is the newest witness, and a alone had expired by it.
@@ -310,6 +329,47 @@ mod tests {
         assert!(
             notes.exists(),
             "a file that is not a record is not leasewrap's"
+        );
+    }
+
+    #[test]
+    fn a_sweep_reads_a_bounded_window_of_records_from_where_it_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(folder_of(dir.path())).unwrap();
+        let put = |r: RunRecord| {
+            let path = folder_of(dir.path()).join(file_name(&r.key));
+            std::fs::write(path, r.to_json()).unwrap();
+        };
+        let now = unix_seconds(SystemTime::now());
+        let expired: Vec<String> = (0..100).map(|i| format!("a{i:03}")).collect();
+        for key in &expired {
+            put(at(key, now - 100.0, now - 50.0));
+        }
+        // The witness, last in name order: a sweep sees it only in a window that wraps to it.
+        put(at("z", now - 10.0, now + 3600.0));
+        let folder = folder(dir.path(), "job", Access::Run, false)
+            .unwrap()
+            .unwrap();
+        let left = || {
+            let mut names: Vec<String> = folder
+                .names()
+                .unwrap()
+                .into_iter()
+                .flat_map(|n| n.into_string())
+                .collect();
+            names.sort();
+            names
+        };
+        let new = at("new", now, now + 60.0);
+        sweep_from(&folder, &new, SystemTime::now(), 0);
+        assert_eq!(left().len(), 101, "a000..a063 alone witness nothing");
+        sweep_from(&folder, &new, SystemTime::now(), 40);
+        let mut want: Vec<String> = expired[3..40].iter().map(|k| file_name(k)).collect();
+        want.push("z.json".into());
+        assert_eq!(
+            left(),
+            want,
+            "a040..a099, z and a000..a002 were read; the expired went"
         );
     }
 
