@@ -785,6 +785,11 @@ impl Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
+        // A test that failed while this member's disk was stuck: a thread of etcd blocked in
+        // that fsync would keep the killed process from ever being reaped.
+        if let Some(disk) = &self.disk {
+            disk.release();
+        }
         self.kill();
     }
 }

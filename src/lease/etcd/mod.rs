@@ -74,7 +74,7 @@ impl Etcd {
         block: bool,
     ) -> Result<EtcdHeld, Error> {
         loop {
-            let (queued, state) = self.queue(name, record).await?;
+            let (queued, state, recheck) = self.queue(name, record).await?;
             let turn = match queued.owned {
                 true => Turn::Ours {
                     read_at: queued.read_at,
@@ -82,7 +82,9 @@ impl Etcd {
                 false if !block => return Err(Error::Busy { name: name.into() }),
                 false => {
                     tracing::info!(name = %name, token = queued.revision, "waiting for the lease");
-                    mutex::wait_turn(&self.conn, &self.cfg, name, &queued, state).await?
+                    let mut members = Members::new(&self.cfg, &self.conn);
+                    let recheck = members.several().then_some(recheck);
+                    mutex::wait_turn(&mut members, &self.cfg, name, &queued, recheck, state).await?
                 }
             };
             if let Turn::Ours { read_at } = turn {
@@ -95,15 +97,15 @@ impl Etcd {
         }
     }
 
-    /// Grant a lease, put its key behind the others, and start keeping it. Returns the key and
-    /// the keeper's state.
+    /// Grant a lease, put its key behind the others, and start keeping it. Returns the key, the
+    /// keeper's state, and the renewal interval of the TTL granted.
     async fn queue(
         &mut self,
         name: &str,
         record: &[u8],
-    ) -> Result<(Queued, watch::Receiver<KeeperState>), Error> {
+    ) -> Result<(Queued, watch::Receiver<KeeperState>, Duration), Error> {
         let grant = Grant::ask(&self.conn, self.cfg.dial_timeout, self.params).await?;
-        let id = grant.id;
+        let (id, renew_every) = (grant.id, grant.renew_every());
         self.attempt = Attempt::Granted(id);
         let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
         let own = OwnKey {
@@ -114,7 +116,7 @@ impl Etcd {
         let session = Session::keep(grant, members, own);
         let state = session.watch();
         self.attempt = Attempt::Kept(session);
-        Ok((queued, state))
+        Ok((queued, state, renew_every))
     }
 
     /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not

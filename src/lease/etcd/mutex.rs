@@ -13,7 +13,7 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::timeout;
 
-use super::client::{first_kvs, read_at, Conn};
+use super::client::{first_kvs, read_at, Conn, Members};
 use super::session::{lose, KeeperState};
 use crate::config::EtcdConfig;
 use crate::error::Error;
@@ -118,26 +118,30 @@ enum Look {
 
 /// Wait until every key created before ours is gone. Each look reads, in one transaction, the
 /// newest key ahead of ours and our own key, so the read that finds the way clear also confirms
-/// the key is still ours.
+/// the key is still ours. Looks and watches go through one member at a time; a look that fails
+/// moves on to the next. With `recheck`, a watch is given up after that long and the queue looked
+/// at again: a watch on a member whose raft loop is stuck stays silent while the others expire
+/// the key ahead, and that look, through the stuck member, fails and moves on.
 pub async fn wait_turn(
-    conn: &Conn,
+    members: &mut Members,
     cfg: &EtcdConfig,
     name: &str,
     queued: &Queued,
+    recheck: Option<Duration>,
     mut state: watch::Receiver<KeeperState>,
 ) -> Result<Turn, Error> {
     let look = look_txn(&queue_of(cfg, name), queued);
+    let within = recheck.map_or(cfg.dial_timeout, |r| r.min(cfg.dial_timeout));
     loop {
         if state.borrow().lost.is_some() {
             return Ok(Turn::Lost);
         }
-        let txn = |mut c: Client| {
-            let look = look.clone();
-            async move { c.txn(look).await }
-        };
-        let resp = match conn.call(cfg.dial_timeout, txn).await {
-            Ok(r) => r,
-            Err(_) => {
+        let (resp, client) = match look_through(members, &look, within).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                let at = members.endpoint();
+                tracing::info!(name = %name, "no look at the queue through {at} ({e}): trying the next member");
+                members.leave();
                 lost_or_pause(&mut state).await;
                 continue;
             }
@@ -146,12 +150,31 @@ pub async fn wait_turn(
             Look::Clear(read_at) => return Ok(Turn::Ours { read_at }),
             Look::Lost => return Ok(Turn::Lost),
             Look::Behind(ahead, read_at) => {
-                if !wait_gone(&conn.client(), cfg, ahead, read_at, &mut state).await {
+                let watch = Watch {
+                    ahead,
+                    read_at,
+                    recheck,
+                };
+                if !wait_gone(&client, cfg, watch, &mut state).await {
                     return Ok(Turn::Lost);
                 }
             }
         }
     }
+}
+
+/// One look at the queue through the member in use, and that member's client for the watch.
+async fn look_through(
+    members: &mut Members,
+    look: &Txn,
+    within: Duration,
+) -> Result<(TxnResponse, Client), Error> {
+    let conn = members.current().await?;
+    let txn = |mut c: Client| {
+        let look = look.clone();
+        async move { c.txn(look).await }
+    };
+    Ok((conn.call(within, txn).await?, conn.client()))
 }
 
 fn look_txn(queue: &str, queued: &Queued) -> Txn {
@@ -178,26 +201,44 @@ fn judge_look(resp: &TxnResponse, revision: i64) -> Look {
     }
 }
 
-/// Watch `key` from after `read_at` until it is deleted (or the watch ends, so look again).
-/// False when the own lease was lost first.
+/// The key ahead of ours, as one look found it.
+struct Watch {
+    ahead: Vec<u8>,
+    /// The look's revision: the watch starts after it.
+    read_at: i64,
+    /// Give the watch up after this long and look again.
+    recheck: Option<Duration>,
+}
+
+/// Watch the key ahead until it is deleted, the watch ends, or `recheck` has passed (so look
+/// again). False when the own lease was lost first.
 async fn wait_gone(
     client: &Client,
     cfg: &EtcdConfig,
-    key: Vec<u8>,
-    read_at: i64,
+    watch: Watch,
     state: &mut watch::Receiver<KeeperState>,
 ) -> bool {
-    let opts = WatchOptions::new().with_start_revision(read_at + 1);
-    let mut stream = match timeout(cfg.dial_timeout, client.clone().watch(key, Some(opts))).await {
+    let opts = WatchOptions::new().with_start_revision(watch.read_at + 1);
+    let mut client = client.clone();
+    let start = client.watch(watch.ahead, Some(opts));
+    let mut stream = match timeout(cfg.dial_timeout, start).await {
         Ok(Ok(s)) => s,
         _ => {
             lost_or_pause(state).await;
             return state.borrow().lost.is_none();
         }
     };
+    let recheck = async {
+        match watch.recheck {
+            Some(after) => tokio::time::sleep(after).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(recheck);
     loop {
         tokio::select! {
             gone = deleted(&mut stream) => if gone { return true },
+            () = &mut recheck => return true,
             _ = state.changed() => if state.borrow().lost.is_some() { return false },
         }
     }

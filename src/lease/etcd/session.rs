@@ -74,6 +74,11 @@ impl Grant {
             }
         }
     }
+
+    /// How often the TTL granted is renewed: a waiter looks at its queue as often.
+    pub fn renew_every(&self) -> Duration {
+        self.schedule.timing().renew_every()
+    }
 }
 
 /// The own lock key and its create revision, as the confirming read checks them.

@@ -25,7 +25,17 @@ on_both_versions!(
     holder_on_a_stalled_follower_alone_is_dead_before_the_waiter_starts,
     holder_on_a_stopped_leader_alone_is_dead_before_the_waiter_on_a_follower_starts,
     holders_through_each_member_of_a_healthy_cluster_never_lose_the_lease,
+    waiter_watching_a_stalled_follower_takes_over_while_it_stays_stalled,
 );
+
+/// leasewrap on `endpoints` for lease `job` under `prefix`, at the scenarios' TTL, logging INFO.
+fn f14_job(endpoints: &str, prefix: &str) -> Leasewrap {
+    let ttl = format!("{}s", F14_TTL.as_secs());
+    Leasewrap::new()
+        .on_etcd(endpoints, prefix)
+        .name("job")
+        .args(&["--ttl", &ttl, "-v"])
+}
 
 /// What happens to the member A talks to first.
 #[derive(Clone, Copy, Debug)]
@@ -87,13 +97,7 @@ impl Scenario {
         };
         let prefix = etcd::unique_prefix(label);
         let sb = Sandbox::new();
-        let lw = |endpoints: &str| {
-            let ttl = format!("{}s", F14_TTL.as_secs());
-            Leasewrap::new()
-                .on_etcd(endpoints, &prefix)
-                .name("job")
-                .args(&["--ttl", &ttl, "-v"])
-        };
+        let lw = |endpoints: &str| f14_job(endpoints, &prefix);
         let a = Job::spawn(lw(&holder_on), Marks::new(&sb, "a"), true);
         a.child();
         let b = lw(&cluster.endpoint(waiter_on)).args(&["-w", "120s"]);
@@ -270,6 +274,69 @@ fn holder_on_a_stalled_follower_alone_is_dead_before_the_waiter_starts(v: Versio
 
 fn holder_on_a_stopped_leader_alone_is_dead_before_the_waiter_on_a_follower_starts(v: Version) {
     no_overlap_under(v, Fault::StopLeader, Reach::Alone, "f14_stopped");
+}
+
+/// Holder A on the leader alone; waiter B on every member but the leader, a follower first, so
+/// its watch on the key ahead sits on that follower. The follower's disk sticks, then A is
+/// SIGKILLed: the leader expires A's lease, and the stuck follower never tells B's watch. B must
+/// still take over while the follower stays stuck, by looking through the other member.
+fn waiter_watching_a_stalled_follower_takes_over_while_it_stays_stalled(v: Version) {
+    let cluster = Cluster::start_stallable(v);
+    let leader = cluster.leader_index();
+    let stuck = (leader + 1) % Cluster::SIZE;
+    let sb = Sandbox::new();
+    let (mut a, mut b) = holder_and_waiter(&cluster, &sb, leader, stuck);
+    let a_child = a.child();
+    cluster.stall(stuck);
+    let killed_at = now_ns();
+    signal::kill(Pid::from_raw(a.run.pid()), Signal::SIGKILL).expect("SIGKILL A");
+    let starting = "B's child to start while the follower is stuck";
+    wait_until(FAULT_BOUND, starting, || b.marks.started());
+    let b_start = read_ns(&b.marks.start);
+    assert!(!pid_alive(a_child), "A's child outlived A into B's run");
+    let left = format!("no look at the queue through {}", cluster.endpoint(stuck));
+    assert!(
+        b.run.stderr().contains(&left),
+        "B never gave up the stuck follower (so the fault proved nothing)\n{}",
+        b.run.stderr()
+    );
+    cluster.release(stuck);
+    let took = ms(b_start - killed_at);
+    eprintln!(
+        "F14 etcd {} waiter on a stuck follower: B's child started {took:.0} ms after A was \
+         SIGKILLed (TTL {F14_TTL:?})",
+        v.number()
+    );
+    // A's lease outlives its last renewal by at most a TTL; B then looks within one renewal
+    // interval, and a look through the stuck member gives up after another.
+    let bound = F14_TTL + 2 * F14_TTL / 3;
+    assert!(
+        took < ms(bound.as_nanos() as i128),
+        "B took over {took:.0} ms after A died, not within TTL + two renewal intervals ({bound:?})"
+    );
+    a.wait(STARTUP);
+    b.release();
+    let b_exit = b.wait(STARTUP).code();
+    let ok = matches!(b_exit, Some(0 | 124));
+    assert!(ok, "B exited {b_exit:?}{}", b.run.stderr());
+}
+
+/// Holder A through member `a_on` alone, and waiter B queued behind it through `b_first` and
+/// then the third member; returns once B is waiting.
+#[track_caller]
+fn holder_and_waiter(cluster: &Cluster, sb: &Sandbox, a_on: usize, b_first: usize) -> (Job, Job) {
+    let third = (0..Cluster::SIZE).find(|&i| i != a_on && i != b_first);
+    let third = third.expect("three members");
+    let prefix = etcd::unique_prefix("f14_waiter");
+    let lw = |endpoints: &str| f14_job(endpoints, &prefix);
+    let a = Job::hold(lw(&cluster.endpoint(a_on)), sb, "a");
+    let b_on = format!("{},{}", cluster.endpoint(b_first), cluster.endpoint(third));
+    let b = Job::spawn(lw(&b_on).args(&["-w", "120s"]), Marks::new(sb, "b"), false);
+    wait_for_key_count(cluster, &prefix, 2, STARTUP);
+    wait_until(STARTUP, "B to wait for the lease", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    (a, b)
 }
 
 /// How long the healthy cluster is watched.
