@@ -58,17 +58,27 @@ file of this user with one link holding one decimal token, and is never echoed (
 
 /// `leasewrap status`.
 #[derive(Args, Debug, Clone)]
+#[command(group = clap::ArgGroup::new("lease").args(["name", "name_option"]))]
 pub struct StatusArgs {
     /// Lease name; every lease under the prefix (or in the local directory) when left out
     #[arg(value_name = "NAME")]
     pub name: Option<String>,
+
+    /// The lease name, spelled as in the run form: the same as NAME
+    #[arg(
+        long = "name",
+        id = "name_option",
+        value_name = "NAME",
+        conflicts_with = "name"
+    )]
+    pub name_option: Option<String>,
 
     /// Print JSON for scripts
     #[arg(long)]
     pub json: bool,
 
     /// Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it
-    #[arg(long, value_name = "KEY", requires = "name")]
+    #[arg(long, value_name = "KEY", requires = "lease")]
     pub once: Option<String>,
 
     #[command(flatten)]
@@ -80,6 +90,13 @@ pub struct StatusArgs {
 
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+impl StatusArgs {
+    /// NAME, given as the positional NAME or as --name NAME.
+    pub fn lease_name(&self) -> Option<&str> {
+        self.name.as_deref().or(self.name_option.as_deref())
+    }
 }
 
 /// `leasewrap fenced-write`.
@@ -336,6 +353,11 @@ pub fn env_fallbacks() -> Vec<String> {
 /// (humantime's units), or a bare number of seconds (`3`, `0.5`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is not a duration: it is negative (write it like 500ms, 10s, 1h30m, 7d)"
+        ));
+    }
     let bare_seconds = !s.is_empty()
         && s.bytes().all(|b| b.is_ascii_digit() || b == b'.')
         && s.bytes().filter(|&b| b == b'.').count() <= 1;

@@ -232,7 +232,12 @@ fn default_name(program: &OsString) -> Result<String, Error> {
 /// nothing that prints like another name or not at all (no Unicode, no spaces, no controls), and
 /// nothing a path, a key prefix or a shell treats specially.
 pub fn check_name(name: &str) -> Result<(), Error> {
-    let bad = |why: &str| Err(Error::Usage(format!("--name {name:?}: {why}")));
+    check_name_given_as(name, "--name")
+}
+
+/// [`check_name`], with the refusal naming the name as the user gave it (`--name`, `NAME`).
+pub fn check_name_given_as(name: &str, given_as: &str) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::Usage(format!("{given_as} {name:?}: {why}")));
     if name.is_empty() || name.len() > 128 {
         return bad("a lease name is 1 to 128 bytes long");
     }

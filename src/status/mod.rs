@@ -125,9 +125,14 @@ impl LeaseStatus {
 /// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing. With
 /// `--once KEY`: exit 0 when KEY of NAME is done, 1 when it is not.
 pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
-    let name = args.name.as_deref();
+    let name = args.lease_name();
     if let Some(name) = name {
-        config::check_name(name)?;
+        let given_as = if args.name.is_some() {
+            "NAME"
+        } else {
+            "--name"
+        };
+        config::check_name_given_as(name, given_as)?;
     }
     let backend = config::backend(&args.conn, args.local_dir.as_deref(), env)?;
     if let Some(key) = &args.once {
@@ -240,7 +245,7 @@ fn row(l: &LeaseStatus) -> [String; 8] {
 /// `text` with every character that does not print as itself (controls, escape sequences, bidi
 /// and other format characters) written as `\u{..}`: a name from a directory listing or a
 /// holder record never drives the terminal.
-fn printable(text: &str) -> String {
+pub(crate) fn printable(text: &str) -> String {
     let shows_as_itself = |c: char| matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1;
     text.chars()
         .map(|c| {
@@ -254,7 +259,7 @@ fn printable(text: &str) -> String {
 }
 
 /// argv as a shell would need it typed: words with anything unusual in single quotes.
-fn shell_words(argv: &[String]) -> String {
+pub(crate) fn shell_words(argv: &[String]) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
     let words: Vec<String> = argv
         .iter()
