@@ -81,6 +81,10 @@ pub struct StatusArgs {
     #[arg(long, value_name = "KEY", requires = "lease")]
     pub once: Option<String>,
 
+    /// Say which KEY a run with --once-per DUR would use now, and whether it is done (exit 0) or not (exit 1)
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "lease", conflicts_with = "once")]
+    pub once_per: Option<Duration>,
+
     #[command(flatten)]
     pub conn: ConnArgs,
 
@@ -147,7 +151,7 @@ pub struct FencedPutArgs {
 /// How to take the lease and run the child.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]
+    /// Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c and when COMMAND is a shell or interpreter, such as sh, bash, env or python3]
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 

@@ -242,7 +242,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__status)
-            opts="-q -v -h --name --json --once --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
+            opts="-q -v -h --name --json --once --once-per --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -253,6 +253,10 @@ _leasewrap() {
                     return 0
                     ;;
                 --once)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --once-per)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -24,7 +24,7 @@ function __fish_leasewrap_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c and when COMMAND is a shell or interpreter, such as sh, bash, env or python3]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s c -d 'Run SHELL STRING through /bin/sh -c instead of COMMAND' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l ttl -d 'Lease TTL to ask for, at least 1s; the server may grant more (etcd: at least 2s)' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s w -l wait -d 'Give up waiting for the lease after DUR (0 = --no-wait) [default: wait forever]' -r
@@ -61,6 +61,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d '
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd only while the lock key still has the given token'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l name -d 'The lease name, spelled as in the run form: the same as NAME' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d 'Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once-per -d 'Say which KEY a run with --once-per DUR would use now, and whether it is done (exit 0) or not (exit 1)' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F

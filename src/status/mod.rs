@@ -123,7 +123,8 @@ impl LeaseStatus {
 }
 
 /// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing. With
-/// `--once KEY`: exit 0 when KEY of NAME is done, 1 when it is not.
+/// `--once KEY` (or `--once-per DUR`, the KEY a run would use now): exit 0 when KEY of NAME is
+/// done, 1 when it is not.
 pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
     let name = args.lease_name();
     if let Some(name) = name {
@@ -135,9 +136,9 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
         config::check_name_given_as(name, given_as)?;
     }
     let backend = config::backend(&args.conn, args.local_dir.as_deref(), env)?;
-    if let Some(key) = &args.once {
+    if let Some(key) = once_key(args)? {
         let name = name.ok_or_else(|| Error::Usage("status --once KEY needs NAME".into()))?;
-        return runs::once(&backend, name, key, args.json).await;
+        return runs::once(&backend, name, &key, args.json).await;
     }
     let mut leases = match &backend {
         Backend::Local { dir } => local::leases(dir, name)?,
@@ -154,6 +155,21 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
         Some(_) if !leases[0].held => 1,
         _ => 0,
     })
+}
+
+/// The KEY of --once KEY, or the slot a --once-per DUR run would take now.
+fn once_key(args: &StatusArgs) -> Result<Option<String>, Error> {
+    match (&args.once, args.once_per) {
+        (Some(key), _) => Ok(Some(key.clone())),
+        (None, Some(per)) => {
+            crate::runs::slot::check_period(per).map_err(Error::Usage)?;
+            Ok(Some(crate::runs::slot::slot_key(
+                std::time::SystemTime::now(),
+                per,
+            )))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 pub(crate) fn json_line(value: &impl Serialize) -> Result<String, Error> {

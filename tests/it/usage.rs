@@ -1,4 +1,4 @@
-//! A new user's command line (issue 21 items 10, 11): every mistake gets one line on stderr
+//! A new user's command line (issue 21 items 7, 10, 11): every mistake gets one line on stderr
 //! that says what to type instead, exit 64, and nothing is acquired or run.
 
 use std::path::Path;
@@ -44,6 +44,53 @@ fn a_negative_duration_is_refused_as_a_duration_not_taken_for_an_option() {
             "{line}"
         );
     }
+}
+
+#[test]
+fn shells_and_interpreters_without_name_are_refused_saying_why() {
+    let sb = Sandbox::new();
+    let marker = sb.path("ran");
+    let touch = format!("touch {}", q(&marker));
+    let marker_arg = marker.to_str().expect("utf-8 path");
+    let cases: [(&str, Vec<&str>); 5] = [
+        ("sh", vec!["sh", "-c", &touch]),
+        ("bash", vec!["/bin/bash", "-c", &touch]),
+        ("env", vec!["env", "touch", marker_arg]),
+        (
+            "python3",
+            vec![
+                "python3",
+                "-c",
+                "open(__import__('sys').argv[1], 'w')",
+                marker_arg,
+            ],
+        ),
+        ("nice", vec!["nice", "touch", marker_arg]),
+    ];
+    for (name, argv) in cases {
+        let args: Vec<&str> = std::iter::once("--").chain(argv).collect();
+        let line = refused(&args);
+        // The line's start ("leasewrap: ") is how every error that ends a run begins.
+        let why = format!("--name is required when COMMAND is {name}: every unnamed {name} job on this host or fleet would share the lease \"{name}\"");
+        assert!(line.ends_with(&why), "{line}");
+        assert!(!marker.exists(), "{name}: the command ran");
+    }
+}
+
+#[test]
+fn a_named_shell_and_an_unnamed_script_run() {
+    let sb = Sandbox::new();
+    let out = sb
+        .leasewrap()
+        .name("greet")
+        .cmd(&["sh", "-c", "echo hi"])
+        .output();
+    assert_exit(&out, 0);
+    assert_eq!(out.stdout, "hi\n");
+    let script = sb.script("nightly-report", "echo $LEASEWRAP_NAME");
+    let out = sb.leasewrap().cmd(&[&script]).output();
+    assert_exit(&out, 0);
+    assert_eq!(out.stdout, "nightly-report\n");
 }
 
 /// `leasewrap status ARGS...` on the local directory `dir`.
