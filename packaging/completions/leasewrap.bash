@@ -162,7 +162,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__fenced__subcmd__put)
-            opts="-q -v -h --token --lock-key --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --help"
+            opts="-q -v -h --token --lock-key --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --endpoints --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -173,10 +173,6 @@ _leasewrap() {
                     return 0
                     ;;
                 --lock-key)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --endpoints)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -210,6 +206,10 @@ _leasewrap() {
                     ;;
                 --log-format)
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                --endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 *)

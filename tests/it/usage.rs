@@ -128,3 +128,28 @@ fn status_names_a_bad_name_as_the_user_gave_it() {
     assert_exit(&out, 64);
     assert!(out.stderr.contains("--name \"a/b\""), "{}", out.stderr);
 }
+
+#[test]
+fn fenced_write_without_a_token_says_where_the_token_comes_from() {
+    let sb = Sandbox::new();
+    let dest = sb.path("dest");
+    let out = Leasewrap::subcommand("fenced-write")
+        .args(&[&dest])
+        .stdin("data")
+        .output();
+    assert_exit(&out, 64);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--token N") && out.stderr.contains("LEASEWRAP_FENCING_TOKEN"),
+        "{}",
+        out.stderr
+    );
+    assert!(!dest.exists(), "written without a token");
+    let out = Leasewrap::subcommand("fenced-write")
+        .env("LEASEWRAP_FENCING_TOKEN", "3")
+        .args(&[&dest])
+        .stdin("data")
+        .output();
+    assert_exit(&out, 0);
+    assert_eq!(std::fs::read_to_string(&dest).unwrap(), "data");
+}
