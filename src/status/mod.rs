@@ -21,9 +21,9 @@ use crate::error::Error;
 pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     (
         "0",
-        "NAME is held; without NAME, always (the listing itself is the answer); with --once KEY, KEY is done",
+        "NAME is held; without NAME, always (the listing itself is the answer); with --once KEY, KEY is done; with --once-per DUR, the KEY a run now would use is done",
     ),
-    ("1", "NAME is free; with --once KEY, KEY is not done"),
+    ("1", "NAME is free; with --once KEY (or --once-per DUR), KEY is not done"),
     ("64", "bad usage: a lease name, option, duration or URL is wrong"),
     ("69", "etcd is unreachable"),
     ("77", "etcd refused the authentication or the TLS handshake"),

@@ -265,11 +265,11 @@ fn examples_main(s: &mut Sections) {
             &["leasewrap --no-wait -E 0 --name nightly-report -- /usr/local/bin/nightly-report"],
         )
         .example(
-            "The same on etcd over TLS, endpoints from the environment:",
+            "The same across every host of a fleet, on etcd over TLS with the endpoints from the environment:",
             &[
                 "export LEASEWRAP_ENDPOINTS=https://etcd1:2379,https://etcd2:2379,https://etcd3:2379",
                 "export LEASEWRAP_CACERT=/etc/leasewrap/ca.crt",
-                "leasewrap --name nightly-report -- /usr/local/bin/nightly-report",
+                "leasewrap --no-wait -E 0 --name nightly-report -- /usr/local/bin/nightly-report",
             ],
         )
         .example(
