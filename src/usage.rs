@@ -1,6 +1,7 @@
 //! Bad usage, said in one line (exit 64): clap's error rephrased where its first line alone does
 //! not say what to do (a command without `--`, a misspelt option, a value clap took for an
-//! option, a value the parser refused). Pure: the error and argv in, the line out.
+//! option, a value the parser refused). It touches nothing: the error and argv in, the line out,
+//! with argv parsed again (a `--` inserted, a value joined to its option) to find what was meant.
 
 use std::ffi::OsString;
 
