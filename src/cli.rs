@@ -24,7 +24,10 @@ run directly, never through a shell unless -c is given.",
     args_conflicts_with_subcommands = true,
     disable_help_subcommand = true,
     allow_negative_numbers = true,
-    subcommand_value_name = "SUBCOMMAND"
+    subcommand_value_name = "SUBCOMMAND",
+    override_usage = "leasewrap [OPTIONS] -- <COMMAND>...\n       \
+leasewrap [OPTIONS] -c <SHELL STRING>\n       \
+leasewrap <SUBCOMMAND> ..."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -44,7 +47,8 @@ pub enum Sub {
         long_about = "Atomically replace DEST with the standard output of COMMAND (only if it exits 0), \
 or with standard input, refusing a token lower than the highest one DEST.fence records. The new \
 content is spooled to an unnamed temp file beside DEST first, with no lock held; then, under flock on \
-DEST.fence, the token is checked and recorded and the temp file renamed over DEST.",
+DEST.fence, the token is checked and recorded and the temp file renamed over DEST. The token is \
+--token N, or LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child: a child need not give it.",
         after_help = "The stdin form commits whatever arrived before EOF: a producer that dies half way \
 (`make-report | leasewrap fenced-write DEST`) leaves its partial output, so prefer \
 `leasewrap fenced-write DEST -- make-report`. A DEST that is a symbolic link or a directory is \
@@ -53,23 +57,47 @@ file of this user with one link holding one decimal token, and is never echoed (
     )]
     FencedWrite(FencedWriteArgs),
     /// Put KEY VALUE in etcd only while the lock key still has the given token
+    #[command(
+        long_about = "Put KEY VALUE in etcd in one transaction that succeeds only while the lock key \
+(--lock-key, or LEASEWRAP_KEY) still has the fencing token (--token, or LEASEWRAP_FENCING_TOKEN) as its \
+create revision: a holder whose lease has ended, or that was replaced, writes nothing. fenced-put \
+needs etcd: it has no local form. Run by a child of leasewrap on etcd, it needs neither option nor \
+--endpoints, since the child's environment has all three.",
+        mut_arg("endpoints", |a| a.help(
+            "etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]"
+        ))
+    )]
     FencedPut(FencedPutArgs),
 }
 
 /// `leasewrap status`.
 #[derive(Args, Debug, Clone)]
+#[command(group = clap::ArgGroup::new("lease").args(["name", "name_option"]))]
 pub struct StatusArgs {
     /// Lease name; every lease under the prefix (or in the local directory) when left out
     #[arg(value_name = "NAME")]
     pub name: Option<String>,
+
+    /// The lease name, spelled as in the run form: the same as NAME
+    #[arg(
+        long = "name",
+        id = "name_option",
+        value_name = "NAME",
+        conflicts_with = "name"
+    )]
+    pub name_option: Option<String>,
 
     /// Print JSON for scripts
     #[arg(long)]
     pub json: bool,
 
     /// Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it
-    #[arg(long, value_name = "KEY", requires = "name")]
+    #[arg(long, value_name = "KEY", requires = "lease")]
     pub once: Option<String>,
+
+    /// Say which KEY a run with --once-per DUR would use now, and whether it is done (exit 0) or not (exit 1)
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "lease", conflicts_with = "once")]
+    pub once_per: Option<Duration>,
 
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -82,12 +110,19 @@ pub struct StatusArgs {
     pub log: LogArgs,
 }
 
+impl StatusArgs {
+    /// NAME, given as the positional NAME or as --name NAME.
+    pub fn lease_name(&self) -> Option<&str> {
+        self.name.as_deref().or(self.name_option.as_deref())
+    }
+}
+
 /// `leasewrap fenced-write`.
 #[derive(Args, Debug, Clone)]
 pub struct FencedWriteArgs {
-    /// Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]
+    /// Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]
     #[arg(long, value_name = "N", env = "LEASEWRAP_FENCING_TOKEN")]
-    pub token: u64,
+    pub token: Option<u64>,
 
     /// File to replace; the highest token seen is kept in DEST.fence
     #[arg(value_name = "DEST")]
@@ -104,13 +139,13 @@ pub struct FencedWriteArgs {
 /// `leasewrap fenced-put`.
 #[derive(Args, Debug, Clone)]
 pub struct FencedPutArgs {
-    /// Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]
+    /// Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]
     #[arg(long, value_name = "N", env = "LEASEWRAP_FENCING_TOKEN")]
-    pub token: u64,
+    pub token: Option<u64>,
 
-    /// The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY]
+    /// The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY, which leasewrap sets for its child]
     #[arg(long, value_name = "KEY", env = "LEASEWRAP_KEY")]
-    pub lock_key: String,
+    pub lock_key: Option<String>,
 
     /// Key to put
     #[arg(value_name = "KEY")]
@@ -130,7 +165,7 @@ pub struct FencedPutArgs {
 /// How to take the lease and run the child.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]
+    /// Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c and when COMMAND is a shell or interpreter, such as sh, bash, env or python3: see CAVEATS in leasewrap(1)]
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 
@@ -310,6 +345,26 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The CAVEATS section of the man page: the traps a new user falls into, and how leasewrap helps.
+pub const CAVEATS: &[(&str, &str)] = &[
+    (
+        "Everything after -- is COMMAND",
+        "leasewrap --name job ./job.sh is refused (64) with the line to type instead: leasewrap --name job -- ./job.sh. A misspelt option gets the similar one (--tll: did you mean --ttl?), and a value that starts with - is judged as the value, not taken for options (--ttl -1s: \"-1s\" is not a duration: it is negative).",
+    ),
+    (
+        "Shells and interpreters need --name",
+        "Without --name the lease is named after COMMAND's file name. For sh, bash, dash, zsh, ksh, mksh, fish, busybox, env, python, python2, python3, python3.N (any minor version), perl, ruby, node, nodejs, php, lua, tclsh, java, sudo, nice, nohup, timeout and xargs, --name is required (64): every unnamed sh -c job on a host or fleet would otherwise share the one lease \"sh\", and wait for or skip each other.",
+    ),
+    (
+        "A run by hand uses up a --once-per slot",
+        "--once-per counts a run by hand like a scheduled one: run at 19:39 UTC, --once-per 1d takes the slot 2026-12-02T00:00:00Z, the nearest boundary, and the scheduled run at 02:30 that night finds it done and starts nothing. A run whose slot starts more than DUR/20 after it (72 minutes for 1d) says so in a warning: \"this run counts for slot KEY, which starts in 4h21m; a run by hand now uses up that slot (pass --once KEY to choose another)\". Before trying the job by hand, leasewrap status --once-per 1d NAME prints the KEY a run would use now and whether it is done; to try it without using up a slot, give it a KEY of its own (--once try-1) instead of --once-per.",
+    ),
+    (
+        "-E 0 alone hides nothing",
+        "-E 0 only silences the hosts that do not run the job. Without --no-wait or --once-per each host waits its turn and then runs the job too (with --wait, unless the wait runs out first): a nightly cron line on a fleet needs the fleet's etcd (--endpoints, or LEASEWRAP_ENDPOINTS) and -w 1h -E 0 --once-per 1d, so that the first host runs it and the others end with status 0. Without endpoints the local backend excludes only runs on the same host.",
+    ),
+];
+
 /// How the name of every variable that clap reads begins (all are LEASEWRAP_*).
 pub const ENV_PREFIX: &str = "LEASEWRAP";
 
@@ -336,6 +391,11 @@ pub fn env_fallbacks() -> Vec<String> {
 /// (humantime's units), or a bare number of seconds (`3`, `0.5`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is not a duration: it is negative (write it like 500ms, 10s, 1h30m, 7d)"
+        ));
+    }
     let bare_seconds = !s.is_empty()
         && s.bytes().all(|b| b.is_ascii_digit() || b == b'.')
         && s.bytes().filter(|&b| b == b'.').count() <= 1;
@@ -464,6 +524,17 @@ mod tests {
             assert!(
                 name.starts_with(ENV_PREFIX),
                 "{name} does not start with {ENV_PREFIX}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_caveats_name_every_command_that_needs_a_name() {
+        let caveats: String = CAVEATS.iter().map(|(_, text)| *text).collect();
+        for command in crate::config::NAME_REQUIRED {
+            assert!(
+                caveats.contains(&format!(" {command}")),
+                "{command} is not in the man page's CAVEATS"
             );
         }
     }

@@ -104,10 +104,12 @@ impl Config {
     pub fn from_args(args: &RunArgs, env: Env) -> Result<Config, Error> {
         let command = child_argv(args)?;
         let name = match &args.name {
-            Some(n) => n.clone(),
+            Some(n) => {
+                check_name(n)?;
+                n.clone()
+            }
             None => default_name(&command[0])?,
         };
-        check_name(&name)?;
         let params = Params {
             ttl: args.ttl,
             kill_after: args.kill_after,
@@ -149,7 +151,14 @@ fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
         }
         (None, Some(per)) => {
             slot::check_period(per).map_err(Error::Usage)?;
-            slot::slot_key(now, per)
+            let key = slot::slot_key(now, per);
+            if let Some(ahead) = slot::ahead(now, per) {
+                tracing::warn!(
+                    "this run counts for slot {key}, which starts in {}; a run by hand now uses up that slot (pass --once KEY to choose another)",
+                    slot::starts_in(ahead)
+                );
+            }
+            key
         }
         (None, None) if args.max_attempts.is_some() => {
             return Err(Error::Usage(
@@ -216,23 +225,74 @@ fn child_argv(args: &RunArgs) -> Result<Vec<OsString>, Error> {
     Ok(args.command.clone())
 }
 
+/// The lease name of a run without --name: COMMAND's file name, unless many unrelated jobs share
+/// that name (a shell, an interpreter, a command that runs another).
 fn default_name(program: &OsString) -> Result<String, Error> {
-    Path::new(program)
+    let name = Path::new(program)
         .file_name()
         .and_then(|n| n.to_str())
-        .map(str::to_owned)
         .ok_or_else(|| {
             Error::Usage(format!(
                 "cannot make a lease name from {program:?}: give --name"
             ))
-        })
+        })?;
+    if needs_a_name(name) {
+        return Err(Error::Usage(format!(
+            "--name is required when COMMAND is {name}: every unnamed {name} job on this host or fleet would share the lease \"{name}\""
+        )));
+    }
+    check_name_given_as(name, "the lease name taken from COMMAND (give --name)")?;
+    Ok(name.to_owned())
+}
+
+/// The commands whose file name is no lease name: shells, interpreters and commands that run
+/// another, which every unnamed job of theirs would share. `python3.N` stands for any minor version.
+pub const NAME_REQUIRED: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "ksh",
+    "mksh",
+    "fish",
+    "busybox",
+    "env",
+    "python",
+    "python2",
+    "python3",
+    "python3.N",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "php",
+    "lua",
+    "tclsh",
+    "java",
+    "sudo",
+    "nice",
+    "nohup",
+    "timeout",
+    "xargs",
+];
+
+/// Whether a COMMAND of this file name needs --name.
+fn needs_a_name(file_name: &str) -> bool {
+    let minor = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+    NAME_REQUIRED.contains(&file_name) || file_name.strip_prefix("python3.").is_some_and(minor)
 }
 
 /// A lease name is 1-128 bytes of ASCII letters, digits and `._-@:+=`, and not `.` or `..`:
 /// nothing that prints like another name or not at all (no Unicode, no spaces, no controls), and
 /// nothing a path, a key prefix or a shell treats specially.
 pub fn check_name(name: &str) -> Result<(), Error> {
-    name_rule(name, "a lease name").map_err(|why| Error::Usage(format!("--name {name:?}: {why}")))
+    check_name_given_as(name, "--name")
+}
+
+/// [`check_name`], with the refusal naming the name as the user gave it (`--name`, `NAME`).
+pub fn check_name_given_as(name: &str, given_as: &str) -> Result<(), Error> {
+    name_rule(name, "a lease name")
+        .map_err(|why| Error::Usage(format!("{given_as} {name:?}: {why}")))
 }
 
 /// A --once KEY follows the rule of lease names (so an RFC 3339 key of --once-per, as
@@ -511,6 +571,57 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.name, "nightly-report");
+    }
+
+    #[test]
+    fn shells_and_interpreters_need_a_name_and_other_commands_do_not() {
+        for command in [
+            "sh",
+            "/bin/bash",
+            "env",
+            "python3",
+            "python3.11",
+            "/usr/bin/xargs",
+        ] {
+            let Err(Error::Usage(msg)) = parse(&["--local-dir", "/tmp", "--", command, "x"], &[])
+            else {
+                panic!("{command} accepted without --name")
+            };
+            let name = Path::new(command).file_name().unwrap().to_str().unwrap();
+            assert_eq!(
+                msg,
+                format!("--name is required when COMMAND is {name}: every unnamed {name} job on this host or fleet would share the lease \"{name}\"")
+            );
+        }
+        for command in [
+            "shred",
+            "python3.x",
+            "python4",
+            "./run.sh",
+            "/usr/bin/envoy",
+        ] {
+            let c = parse(&["--local-dir", "/tmp", "--", command], &[]).unwrap();
+            assert_eq!(
+                c.name,
+                Path::new(command).file_name().unwrap().to_str().unwrap()
+            );
+        }
+        let c = parse(
+            &["--local-dir", "/tmp", "--name", "j", "--", "sh", "-c", "x"],
+            &[],
+        );
+        assert_eq!(c.unwrap().name, "j");
+    }
+
+    #[test]
+    fn a_default_name_that_is_no_lease_name_asks_for_name() {
+        let Err(Error::Usage(msg)) = parse(&["--local-dir", "/tmp", "--", "./a b"], &[]) else {
+            panic!("accepted")
+        };
+        assert!(
+            msg.starts_with("the lease name taken from COMMAND (give --name) \"a b\""),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -36,9 +36,15 @@ use crate::supervise::{self, Exit};
 
 /// `leasewrap fenced-write`: DEST from stdin, or from COMMAND's stdout; the status to exit with.
 pub fn write(args: &FencedWriteArgs) -> Result<u8, Error> {
+    let token = given(
+        "fenced-write",
+        args.token,
+        "a fencing token: give --token N",
+        TOKEN_VAR,
+    )?;
     let target = Target::new(&args.dest)?;
     // Refused before reading anything or running COMMAND when the token is already stale.
-    target.refuse_if_stale(args.token, target.peek()?)?;
+    target.refuse_if_stale(token, target.peek()?)?;
     let temp = match args.command.split_first() {
         None => target.spool(&mut io::stdin().lock())?,
         Some((program, rest)) => match target.spool_command(program, rest)? {
@@ -46,8 +52,21 @@ pub fn write(args: &FencedWriteArgs) -> Result<u8, Error> {
             Err(status) => return Ok(status),
         },
     };
-    target.commit(temp, args.token)?;
+    target.commit(temp, token)?;
     Ok(0)
+}
+
+/// The variables a child of leasewrap has, which clap reads in place of --token and --lock-key.
+const TOKEN_VAR: &str = "LEASEWRAP_FENCING_TOKEN";
+const KEY_VAR: &str = "LEASEWRAP_KEY";
+
+/// An option that defaults to a variable of the child's environment, or why it is missing.
+fn given<T>(command: &str, value: Option<T>, what: &str, var: &str) -> Result<T, Error> {
+    value.ok_or_else(|| {
+        Error::Usage(format!(
+            "{command} needs {what}, or run it as a child of leasewrap, which sets {var}"
+        ))
+    })
 }
 
 /// Replace `dest` with what `data` yields, unless `DEST.fence` has recorded a token above `token`.
@@ -354,22 +373,29 @@ pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
             ))
         }
     };
-    let revision = i64::try_from(args.token).map_err(|_| {
-        Error::Usage(format!(
-            "--token {} is beyond any etcd revision",
-            args.token
-        ))
-    })?;
-    let lock_key = args.lock_key.as_str();
+    let token = given(
+        "fenced-put",
+        args.token,
+        "a fencing token: give --token N",
+        TOKEN_VAR,
+    )?;
+    let lock_key = given(
+        "fenced-put",
+        args.lock_key.as_deref(),
+        "the lock key: give --lock-key KEY",
+        KEY_VAR,
+    )?;
+    let revision = i64::try_from(token)
+        .map_err(|_| Error::Usage(format!("--token {token} is beyond any etcd revision")))?;
     let put = TxnOp::put(args.put_key.as_str(), args.value.as_str(), None);
     let conn = Conn::dial(&cfg).await?;
     match client::guarded_txn(&conn, lock_key, revision, vec![put]).await? {
         Guarded::Applied(_) => {
-            tracing::debug!(key = %args.put_key, token = args.token, "put");
+            tracing::debug!(key = %args.put_key, token, "put");
             Ok(())
         }
         Guarded::Refused { create_revision } => Err(Error::StaleToken {
-            given: args.token,
+            given: token,
             seen: lock_key_state(lock_key, create_revision),
         }),
     }

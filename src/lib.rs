@@ -35,6 +35,7 @@
 //! - `files`: opening leasewrap's small files with no links, FIFOs or foreign files followed.
 //! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr.
+//! - `usage`: bad usage in one line: clap's errors rephrased to say what to do.
 
 pub mod cli;
 pub mod clock;
@@ -49,6 +50,7 @@ pub mod run;
 pub mod runs;
 pub mod status;
 pub mod supervise;
+pub mod usage;
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
@@ -68,9 +70,9 @@ pub fn entry(args: Vec<OsString>) -> Exit {
     // execs, which makes it dumpable again.
     let _ = nix::sys::prctl::set_dumpable(false);
     unset_empty_clap_variables();
-    let cli = match cli::Cli::try_parse_from(args) {
+    let cli = match cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(e, &args),
     };
     match cli.sub {
         None => run_command(&cli.run),
@@ -159,13 +161,14 @@ fn finish(result: Result<u8, error::Error>, codes: ExitCodes) -> Exit {
     }
 }
 
-fn usage_error(e: clap::Error) -> Exit {
+fn usage_error(e: clap::Error, args: &[OsString]) -> Exit {
     use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
     if matches!(e.kind(), DisplayHelp | DisplayVersion) {
         let _ = e.print();
         return Exit::Code(0);
     }
-    let e = error::Error::Usage(first_line(&e.to_string()));
+    let line = usage::line(&e, args).unwrap_or_else(|| first_line(&e.to_string()));
+    let e = error::Error::Usage(line);
     eprintln!("leasewrap: {e}");
     Exit::Code(e.code(ExitCodes::default()))
 }

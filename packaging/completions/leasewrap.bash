@@ -162,7 +162,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__fenced__subcmd__put)
-            opts="-q -v -h --token --lock-key --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --help"
+            opts="-q -v -h --token --lock-key --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --endpoints --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -173,10 +173,6 @@ _leasewrap() {
                     return 0
                     ;;
                 --lock-key)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --endpoints)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -212,6 +208,10 @@ _leasewrap() {
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
+                --endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -242,13 +242,21 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__status)
-            opts="-q -v -h --json --once --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
+            opts="-q -v -h --name --json --once --once-per --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --once)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --once-per)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -24,7 +24,7 @@ function __fish_leasewrap_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l name -d 'Lease name: 1-128 ASCII letters, digits and . _ - @ : + = [default: file name of COMMAND; required with -c and when COMMAND is a shell or interpreter, such as sh, bash, env or python3: see CAVEATS in leasewrap(1)]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s c -d 'Run SHELL STRING through /bin/sh -c instead of COMMAND' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l ttl -d 'Lease TTL to ask for, at least 1s; the server may grant more (etcd: at least 2s)' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s w -l wait -d 'Give up waiting for the lease after DUR (0 = --no-wait) [default: wait forever]' -r
@@ -59,7 +59,9 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -s V -l version -d 'Pr
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "status" -d 'Who holds NAME (or every lease under the prefix): holder, token, time left, waiters'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d 'Atomically replace DEST with COMMAND\'s output or stdin, refusing a token lower than one DEST has seen'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd only while the lock key still has the given token'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l name -d 'The lease name, spelled as in the run form: the same as NAME' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d 'Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once-per -d 'Say which KEY a run with --once-per DUR would use now, and whether it is done (exit 0) or not (exit 1)' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
@@ -75,15 +77,14 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l json -d '
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s v -l verbose -d 'Log more (twice: everything)'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s h -l help -d 'Print help'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s v -l verbose -d 'Log more (twice: everything)'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l lock-key -d 'The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l lock-key -d 'The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
@@ -93,6 +94,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l passw
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpoints -d 'etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s v -l verbose -d 'Log more (twice: everything)'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -21,9 +21,9 @@ use crate::error::Error;
 pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     (
         "0",
-        "NAME is held; without NAME, always (the listing itself is the answer); with --once KEY, KEY is done",
+        "NAME is held; without NAME, always (the listing itself is the answer); with --once KEY, KEY is done; with --once-per DUR, the KEY a run now would use is done",
     ),
-    ("1", "NAME is free; with --once KEY, KEY is not done"),
+    ("1", "NAME is free; with --once KEY (or --once-per DUR), KEY is not done"),
     ("64", "bad usage: a lease name, option, duration or URL is wrong"),
     ("69", "etcd is unreachable"),
     ("77", "etcd refused the authentication or the TLS handshake"),
@@ -135,17 +135,23 @@ impl LeaseStatus {
 }
 
 /// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing. With
-/// `--once KEY`: exit 0 when KEY of NAME is done, 1 when it is not. Anything refused (a lock
-/// file, a record) is a row of the listing, and then the error (78) once all is printed.
+/// `--once KEY` (or `--once-per DUR`, the KEY a run would use now): exit 0 when KEY of NAME is
+/// done, 1 when it is not. Anything refused (a lock file, a record) is a row of the listing, and
+/// then the error (78) once all is printed.
 pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
-    let name = args.name.as_deref();
+    let name = args.lease_name();
     if let Some(name) = name {
-        config::check_name(name)?;
+        let given_as = if args.name.is_some() {
+            "NAME"
+        } else {
+            "--name"
+        };
+        config::check_name_given_as(name, given_as)?;
     }
     let backend = config::backend(&args.conn, args.local_dir.as_deref(), env)?;
-    if let Some(key) = &args.once {
+    if let Some(key) = once_key(args)? {
         let name = name.ok_or_else(|| Error::Usage("status --once KEY needs NAME".into()))?;
-        return runs::once(&backend, name, key, args.json).await;
+        return runs::once(&backend, name, &key, args.json).await;
     }
     let mut leases = match &backend {
         Backend::Local { dir } => local::leases(dir, name)?,
@@ -180,6 +186,21 @@ fn refusals(leases: &[LeaseStatus]) -> Result<(), Error> {
             "shown in the listing: {}",
             whys.join("; ")
         )))),
+    }
+}
+
+/// The KEY of --once KEY, or the slot a --once-per DUR run would take now.
+fn once_key(args: &StatusArgs) -> Result<Option<String>, Error> {
+    match (&args.once, args.once_per) {
+        (Some(key), _) => Ok(Some(key.clone())),
+        (None, Some(per)) => {
+            crate::runs::slot::check_period(per).map_err(Error::Usage)?;
+            Ok(Some(crate::runs::slot::slot_key(
+                std::time::SystemTime::now(),
+                per,
+            )))
+        }
+        (None, None) => Ok(None),
     }
 }
 
@@ -299,7 +320,7 @@ pub fn printable(text: &str) -> String {
 }
 
 /// argv as a shell would need it typed: words with anything unusual in single quotes.
-fn shell_words(argv: &[String]) -> String {
+pub(crate) fn shell_words(argv: &[String]) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
     let words: Vec<String> = argv
         .iter()

@@ -769,7 +769,7 @@ fn shell_string_runs_through_bin_sh() {
 
 /// Runs leasewrap with `args` (and, if `with_command`, a command leaving a marker) in a fresh
 /// sandbox; returns its one stderr line, or everything that was wrong with the rejection.
-fn rejection(args: &[&str], with_command: bool, code: i32) -> Result<String, String> {
+pub(crate) fn rejection(args: &[&str], with_command: bool, code: i32) -> Result<String, String> {
     let sb = Sandbox::new();
     let marker = sb.path("ran");
     let mut lw = sb.leasewrap().args(args);

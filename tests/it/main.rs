@@ -12,6 +12,7 @@
 //! - `operating`: `status`, sd_notify, JSON logs.
 //! - `security`: hostile state directories, fence files, temp names and lease names.
 //! - `shape`: the code's own shape (no function in src/ over 50 lines).
+//! - `usage`: a new user's mistakes on the command line: one line saying what to type, 64.
 //! - `secrets`: what processes of the same user learn of a password; warnings about passwords.
 //! - `bench_goals`, `bench_stats`, `bench_prom`: the benchmarks' goals, statistics, /metrics parsing.
 
@@ -37,3 +38,4 @@ mod operating;
 mod secrets;
 mod security;
 mod shape;
+mod usage;

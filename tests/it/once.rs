@@ -573,19 +573,17 @@ const LIBFAKETIME_MT: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.s
 /// A leasewrap of `fleet` whose wall clock starts at `at` (UTC) when it execs; its monotonic
 /// clocks, and so its deadlines, stay real.
 fn at_wall_clock(fleet: &Fleet, at: &str) -> Leasewrap {
-    faked_wall_clock(fleet, &format!("@{at}"))
+    faked_wall_clock(fleet.lw(), &format!("@{at}"))
 }
 
-/// A leasewrap of `fleet` whose wall clock is faked as libfaketime's FAKETIME `spec` says
-/// (`@2026-12-01 02:00:00`, `+30d`); its monotonic clocks stay real.
-fn faked_wall_clock(fleet: &Fleet, spec: &str) -> Leasewrap {
+/// `lw` with its wall clock faked as libfaketime's FAKETIME `spec` says (`@2026-12-01
+/// 02:00:00`, `+30d`); its monotonic clocks stay real.
+fn faked_wall_clock(lw: Leasewrap, spec: &str) -> Leasewrap {
     assert!(
         std::path::Path::new(LIBFAKETIME_MT).is_file(),
         "{LIBFAKETIME_MT} is needed (Debian package faketime; scripts/test.sh installs it)"
     );
-    fleet
-        .lw()
-        .env("LD_PRELOAD", LIBFAKETIME_MT)
+    lw.env("LD_PRELOAD", LIBFAKETIME_MT)
         .env("FAKETIME", spec)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env("TZ", "UTC")
@@ -624,6 +622,61 @@ fn hosts_a_quarter_period_apart_share_the_once_per_key_and_sixty_percent_apart_d
     ] {
         assert_eq!(fleet.record(key).expect(key)["outcome"], "ran-ok", "{key}");
     }
+}
+
+/// A run by hand at 19:39 UTC of a job with --once-per 1d, as in issue 21: it takes the slot of
+/// the next midnight, 4h21m ahead.
+const BY_HAND: &str = "2026-12-01 19:39:00";
+
+#[test]
+fn a_run_by_hand_ahead_of_its_once_per_slot_warns_that_it_uses_the_slot_up() {
+    let fleet = Fleet::new(On::Local, "nightly");
+    let warning = "this run counts for slot 2026-12-02T00:00:00Z, which starts in 4h21m; a run by hand now uses up that slot (pass --once KEY to choose another)";
+    // The scheduled run that night finds the slot done, and after its boundary is not warned;
+    // nor is one near its boundary (DUR/20 is 72 minutes).
+    for (run, at, code, warned) in [
+        ("by hand", BY_HAND, 0, true),
+        ("scheduled", "2026-12-02 02:30:00", 75, false),
+        ("early", "2026-12-02 23:00:00", 0, false),
+    ] {
+        let lw = at_wall_clock(&fleet, at).args(&["--once-per", "1d"]);
+        let out = lw.cmd(&fleet.job(run, 0)).output();
+        assert_exit(&out, code);
+        let said = out.stderr.contains("this run counts for slot");
+        assert_eq!(said, warned, "{run}:\n{}", out.stderr);
+        assert!(!warned || out.stderr.contains(warning), "{}", out.stderr);
+    }
+    assert_eq!(fleet.runs(), ["by hand", "early"]);
+}
+
+#[test]
+fn status_once_per_tells_which_key_a_run_now_would_use_and_whether_it_is_done() {
+    let fleet = Fleet::new(On::Local, "nightly");
+    let status = || {
+        let lw = Leasewrap::subcommand("status").local_dir(fleet.sandbox.state());
+        faked_wall_clock(lw, &format!("@{BY_HAND}")).args(&["--once-per", "1d", fleet.name])
+    };
+    let before = status().output();
+    assert_exit(&before, 1);
+    assert_eq!(before.stdout, "nightly 2026-12-02T00:00:00Z: not run yet\n");
+    let by_hand = at_wall_clock(&fleet, BY_HAND).args(&["--once-per", "1d"]);
+    assert_exit(&by_hand.cmd(&fleet.job("by hand", 0)).output(), 0);
+    let after = status().output();
+    assert_exit(&after, 0);
+    assert!(
+        after
+            .stdout
+            .starts_with("nightly 2026-12-02T00:00:00Z: done (host "),
+        "{}",
+        after.stdout
+    );
+    let json = status().args(&["--json"]).output();
+    assert_exit(&json, 0);
+    let json: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(
+        (&json["key"], &json["done"]),
+        (&"2026-12-02T00:00:00Z".into(), &true.into())
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -914,7 +967,7 @@ fn a_run_with_the_clock_30_days_ahead_deletes_no_record_that_is_still_kept() {
             0,
         );
     }
-    let ahead = faked_wall_clock(&fleet, "+30d").args(&["--once", "d"]);
+    let ahead = faked_wall_clock(fleet.lw(), "+30d").args(&["--once", "d"]);
     assert_exit(&ahead.cmd(&["true"]).output(), 0);
     let state = fleet.sandbox.state();
     assert_eq!(

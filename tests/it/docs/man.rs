@@ -101,10 +101,13 @@ pub fn pages() -> Vec<(String, String)> {
 }
 
 /// The forms of the main command, for its SYNOPSIS (clap's own lists options without values).
-const FORMS: &[&str] = &[
+pub const FORMS: &[&str] = &[
     "[OPTIONS] -- COMMAND [ARG]...",
     "[OPTIONS] -c 'SHELL STRING'",
     "status [OPTIONS] [NAME]",
+    "status [OPTIONS] --once KEY NAME",
+    "status [OPTIONS] --once-per DUR NAME",
+    "fenced-write [--token N] DEST -- COMMAND [ARG]...",
     "fenced-write [--token N] DEST",
     "fenced-put [OPTIONS] [--token N] [--lock-key KEY] KEY VALUE",
 ];
@@ -235,6 +238,7 @@ fn main_page(cmd: &clap::Command) -> String {
     s.heading("ONCE PER SCHEDULED RUN")
         .para("A lease gives mutual exclusion; --once gives a job that runs once per schedule on a fleet, and retries on another host when a run fails.")
         .items(leasewrap::runs::MAN_SECTION);
+    s.heading("CAVEATS").items(leasewrap::cli::CAVEATS);
     s.heading("SECURITY").items(leasewrap::cli::SECURITY_NOTES);
     s.heading("FILES")
         .item("DIR/NAME.lock", "the local backend's lock file, locked with flock(2) while the lease is held; it holds the holder's record (JSON: host, pid, command, start). DIR is --local-dir, by default /var/lib/leasewrap as root.")
@@ -257,28 +261,32 @@ fn main_page(cmd: &clap::Command) -> String {
 fn examples_main(s: &mut Sections) {
     s.heading("EXAMPLES")
         .example(
-            "Run a nightly job on one host of many; the others end at once with status 0:",
+            "Keep runs of a job on this host from overlapping (the local backend): a run that finds the lease held ends at once with status 0:",
             &["leasewrap --no-wait -E 0 --name nightly-report -- /usr/local/bin/nightly-report"],
         )
         .example(
-            "The same on etcd over TLS, endpoints from the environment:",
+            "The same across every host of a fleet, on etcd over TLS with the endpoints from the environment:",
             &[
                 "export LEASEWRAP_ENDPOINTS=https://etcd1:2379,https://etcd2:2379,https://etcd3:2379",
                 "export LEASEWRAP_CACERT=/etc/leasewrap/ca.crt",
-                "leasewrap --name nightly-report -- /usr/local/bin/nightly-report",
+                "leasewrap --no-wait -E 0 --name nightly-report -- /usr/local/bin/nightly-report",
             ],
         )
         .example(
-            "A shell string needs a name; the child writes its result only while its token is the newest:",
-            &["leasewrap --name report -c 'make-report | leasewrap fenced-write /srv/report.html'"],
+            "A shell string needs a name; the child replaces the report with make-report's output only when make-report succeeds and its token is the newest:",
+            &["leasewrap --name report -c 'leasewrap fenced-write /srv/report.html -- make-report'"],
         )
         .example(
             "Share a lock with etcdctl lock (the same key layout without a prefix):",
             &["leasewrap --prefix '' --name db-migrate -- ./migrate"],
         )
         .example(
-            "Run the nightly report once a night on a fleet, whichever host fires first; the others, and any that catch up late, end with status 0:",
-            &["leasewrap -w 10m -E 0 --once-per 1d --metrics-file /var/lib/node_exporter/textfile/nightly-report.prom --name nightly-report -- /usr/local/bin/nightly-report"],
+            "From cron on every host of a fleet: the nightly report runs once a night, on whichever host fires first; the others, and any that catch up late, end with status 0:",
+            &["leasewrap -q -w 1h -E 0 --once-per 1d --endpoints http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 --metrics-file /var/lib/node_exporter/textfile/nightly-report.prom --name nightly-report -- /usr/local/bin/nightly-report"],
+        )
+        .example(
+            "Before trying that job by hand: which KEY a run now would use, and whether it is done:",
+            &["leasewrap status --once-per 1d --endpoints http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 nightly-report"],
         )
         .example(
             "Who holds what, for people and for scripts:",
@@ -299,7 +307,8 @@ fn status_page(man: &Man) -> String {
     s.para("With --json: one JSON object when NAME is given, else an array of them, each with the fields name, backend (etcd or local), held, holder (null, or host, pid, command as an array, start), token, time_left_s, ttl_s (the granted TTL), waiters, key (the holder's lock key or lock file), refused (null, or why the lock file was refused), runs and unreadable_runs; null where the text shows - or ?. Every time in it (holder.start; start, end and keep_until of a run) is a number of seconds since the epoch, with a fraction.");
     s.para("Run records (--once, --once-per) follow the leases, after a blank line, when there are any: the last 10 runs of each lease listed, newest first, with NAME, KEY, OUTCOME (ran-ok, failed, lost or timed-out), RUNS (runs of KEY so far, on every host), TOKEN, HOST and PID of the leasewrap that ran it, START, END (RFC 3339, UTC) and STATUS (the exit status, or the signal). In --json each lease has them as runs, an array of the records as stored (format, name, key, outcome, attempts, host, pid, token, start, end, exit_status, signal, keep_until). What stands at a record's place and is not a record of it (a FIFO, a link, a foreign value, a damaged record such as one with a time outside 1970 to 9999) is a row with OUTCOME unreadable and why in STATUS (naming the field and its number as stored, never the file's whole contents); in --json, unreadable_runs, an array of objects with key and why.");
     s.para("Whatever was refused or unreadable, the whole listing is printed first; then status writes one line naming all of it and exits 78.");
-    s.para("With --once KEY NAME, status prints one line saying whether KEY is done, by whom and after how many runs, and exits 0 when it is done and 1 when it is not; with --json, one object with name, key, done and record (null before the first run).");
+    s.para("With --once KEY NAME, status prints one line saying whether KEY is done, by whom and after how many runs, and exits 0 when it is done and 1 when it is not; with --json, one object with name, key, done and record (null before the first run). With --once-per DUR NAME, KEY is the slot a leasewrap --once-per DUR run would take if it started now: a run by hand would use it up (see CAVEATS in leasewrap(1)).");
+    s.para("NAME may also be given as --name NAME, as the run form spells it.");
     s.para("status only reads: it creates no key, file or directory. On the local backend it tries a shared flock(2) on each lock file without waiting and lets go at once; a leasewrap --no-wait that tries to take the same lease in that instant is told that the lease is held.");
     s.heading("EXIT STATUS")
         .items(leasewrap::status::EXIT_STATUS_TABLE);
@@ -325,4 +334,155 @@ fn fenced_page(man: &Man) -> String {
     s.see_also(&[("leasewrap", "1")]);
     s.version();
     generated(man, false) + &s.render()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Facts the pages must keep saying (issue 21 item 14, and the examples of items 1, 3 and 4).
+// ---------------------------------------------------------------------------------------------
+
+/// The page `file` as pages() makes it, with roff's escapes for - and ' undone.
+fn page_text(file: &str) -> String {
+    let (_, roff) = pages()
+        .into_iter()
+        .find(|(name, _)| name == file)
+        .unwrap_or_else(|| panic!("no page {file}"));
+    roff.replace("\\-", "-").replace("\\*(Aq", "'")
+}
+
+/// The lines of `page` between `.SH TITLE` and the next section.
+fn section(page: &str, title: &str) -> String {
+    let start = page
+        .find(&format!(".SH {title}\n"))
+        .unwrap_or_else(|| panic!("no section {title}"));
+    let rest = &page[start + 5 + title.len()..];
+    rest[..rest.find("\n.SH ").unwrap_or(rest.len())].to_owned()
+}
+
+/// Each example of `page`: its introduction and its lines.
+fn examples(page: &str) -> Vec<(String, Vec<String>)> {
+    let text = section(page, "EXAMPLES");
+    text.split(".PP\n")
+        .skip(1)
+        .map(|block| {
+            let (intro, rest) = block
+                .split_once("\n.RS 4\n.nf\n")
+                .expect("an example block");
+            let lines = rest.split("\n.fi").next().unwrap().lines();
+            (intro.to_owned(), lines.map(str::to_owned).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn fenced_pages_show_token_and_lock_key_as_optional_and_name_their_variables() {
+    for (file, options) in [
+        ("leasewrap-fenced-write.1", &["--token"][..]),
+        ("leasewrap-fenced-put.1", &["--token", "--lock-key"][..]),
+    ] {
+        let page = page_text(file);
+        let synopsis = section(&page, "SYNOPSIS");
+        for option in options {
+            assert!(
+                synopsis.contains(&format!("[\\fB{option}\\fR]")),
+                "{file}: {option} is not shown as optional: {synopsis}"
+            );
+        }
+    }
+    let write = section(&page_text("leasewrap-fenced-write.1"), "OPTIONS");
+    assert!(
+        write.contains("[default: $LEASEWRAP_FENCING_TOKEN"),
+        "{write}"
+    );
+    let put = section(&page_text("leasewrap-fenced-put.1"), "OPTIONS");
+    assert!(put.contains("[default: $LEASEWRAP_FENCING_TOKEN"), "{put}");
+    assert!(put.contains("[default: $LEASEWRAP_KEY"), "{put}");
+}
+
+#[test]
+fn fenced_put_page_says_it_needs_etcd_and_not_that_no_endpoints_means_local() {
+    let page = page_text("leasewrap-fenced-put.1");
+    assert!(!page.contains("none means the local backend"), "{page}");
+    assert!(section(&page, "DESCRIPTION").contains("fenced-put needs etcd"));
+    assert!(section(&page, "OPTIONS").contains("fenced-put needs etcd"));
+}
+
+#[test]
+fn main_synopsis_has_fenced_writes_command_form_and_the_status_forms() {
+    let synopsis = section(&page_text("leasewrap.1"), "SYNOPSIS");
+    for form in [
+        "fenced-write [--token N] DEST -- COMMAND [ARG]...",
+        "status [OPTIONS] --once KEY NAME",
+        "status [OPTIONS] --once-per DUR NAME",
+    ] {
+        assert!(synopsis.contains(form), "no {form:?} in {synopsis}");
+    }
+}
+
+#[test]
+fn help_shows_the_command_after_dash_dash_as_required() {
+    let mut help = std::process::Command::new(crate::support::BIN);
+    help.arg("--help");
+    let out = crate::support::run_bounded(help, crate::support::RUN_BOUND);
+    crate::support::assert_exit(&out, 0);
+    let usage: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Usage:"))
+        .take(3)
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        usage,
+        [
+            "Usage: leasewrap [OPTIONS] -- <COMMAND>...",
+            "leasewrap [OPTIONS] -c <SHELL STRING>",
+            "leasewrap <SUBCOMMAND> ..."
+        ],
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn man_examples_write_with_a_command_and_say_several_hosts_only_with_endpoints() {
+    let page = page_text("leasewrap.1");
+    let all = examples(&page);
+    assert!(all.len() >= 6, "{all:?}");
+    for (intro, lines) in &all {
+        let text = lines.join("\n");
+        assert!(
+            !text.contains("| leasewrap fenced-write"),
+            "the stdin form of fenced-write commits a dead producer's half output: {text}"
+        );
+        let fleet = ["fleet", "many", "several hosts", "every host"]
+            .iter()
+            .any(|w| intro.contains(w));
+        assert!(
+            !fleet || text.contains("--endpoints") || text.contains("LEASEWRAP_ENDPOINTS"),
+            "{intro:?} speaks of many hosts, but gives no endpoints: {text}"
+        );
+        assert!(
+            !text.contains("-E 0")
+                || ["--no-wait", "-n ", "--once-per"]
+                    .iter()
+                    .any(|o| text.contains(o)),
+            "-E 0 without --no-wait or --once-per waits its turn and runs again: {text}"
+        );
+    }
+    let writes: Vec<&String> = all
+        .iter()
+        .flat_map(|(_, l)| l)
+        .filter(|l| l.contains("fenced-write"))
+        .collect();
+    assert!(
+        writes
+            .iter()
+            .any(|l| l.contains("fenced-write /srv/report.html -- ")),
+        "{writes:?}"
+    );
+    let cron = all
+        .iter()
+        .find(|(intro, _)| intro.starts_with("From cron"))
+        .expect("a cron example");
+    assert!(cron.1[0].contains("-w 1h -E 0 --once-per 1d"), "{cron:?}");
 }
