@@ -69,6 +69,10 @@ pub const GIVEN: &[(&str, &str)] = &[
         "where the lease lives, so that COMMAND can call leasewrap fenced-put (etcd only).",
     ),
     (
+        "ETCDCTL_ENDPOINTS",
+        "the same endpoints as LEASEWRAP_ENDPOINTS, so that an etcdctl COMMAND runs talks to the same cluster (etcd only). TLS and authentication variables are not made up for etcdctl (a password never reaches COMMAND): COMMAND inherits ETCDCTL_CACERT and the others only when leasewrap was given them.",
+    ),
+    (
         "LEASEWRAP_LOCAL_DIR",
         "the local backend's directory (local only).",
     ),
