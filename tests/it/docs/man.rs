@@ -187,6 +187,14 @@ impl Sections {
         self
     }
 
+    /// A roff comment before the next example, telling tests/it/docs/examples.rs how to run it
+    /// (`hosts once`, `not run: WHY`, ...); the reader of the page never sees it.
+    fn mark(&mut self, words: &str) -> &mut Self {
+        self.0
+            .control("\\\"", ["example:"].into_iter().chain(words.split(' ')));
+        self
+    }
+
     /// `intro`, then `lines` as an indented literal block.
     fn example(&mut self, intro: &str, lines: &[&str]) -> &mut Self {
         self.para(intro);
@@ -261,7 +269,7 @@ fn main_page(cmd: &clap::Command) -> String {
 fn examples_main(s: &mut Sections) {
     s.heading("EXAMPLES")
         .example(
-            "Run a nightly job on one host of many; the others end at once with status 0:",
+            "Keep runs of a job on this host from overlapping; a run that finds the lease held ends at once with status 0:",
             &["leasewrap --no-wait -E 0 --name nightly-report -- /usr/local/bin/nightly-report"],
         )
         .example(
@@ -273,16 +281,17 @@ fn examples_main(s: &mut Sections) {
             ],
         )
         .example(
-            "A shell string needs a name; the child writes its result only while its token is the newest:",
-            &["leasewrap --name report -c 'make-report | leasewrap fenced-write /srv/report.html'"],
+            "The child replaces /srv/report.html with make-report's output only if make-report exits 0, and only while its token is the newest (the stdin form, make-report | leasewrap fenced-write DEST, would commit the output of a make-report that died half way):",
+            &["leasewrap --name report -- leasewrap fenced-write /srv/report.html -- make-report"],
         )
         .example(
             "Share a lock with etcdctl lock (the same key layout without a prefix):",
             &["leasewrap --prefix '' --name db-migrate -- ./migrate"],
         )
+        .mark("hosts once")
         .example(
-            "Run the nightly report once a night on a fleet, whichever host fires first; the others, and any that catch up late, end with status 0:",
-            &["leasewrap -w 10m -E 0 --once-per 1d --metrics-file /var/lib/node_exporter/textfile/nightly-report.prom --name nightly-report -- /usr/local/bin/nightly-report"],
+            "Run the nightly report once a night on a fleet of hosts that share etcd, whichever host fires first; the others, and any that catch up late, end with status 0 (a bare -E 0 would not do: without --once-per every host runs the job in its turn):",
+            &["leasewrap -w 1h -E 0 --once-per 1d --endpoints http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 --metrics-file /var/lib/node_exporter/textfile/nightly-report.prom --name nightly-report -- /usr/local/bin/nightly-report"],
         )
         .example(
             "Who holds what, for people and for scripts:",
