@@ -8,6 +8,7 @@
 
 mod examples;
 mod man;
+mod systemd;
 
 use std::collections::BTreeSet;
 use std::fs;
