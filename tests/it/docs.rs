@@ -8,6 +8,7 @@
 
 mod examples;
 mod man;
+mod readme;
 mod systemd;
 
 use std::collections::BTreeSet;
