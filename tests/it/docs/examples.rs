@@ -14,6 +14,8 @@
 //! - `once`: with `hosts`, the job runs once in all;
 //! - `status N`: it ends with N, not 0.
 //!
+//! packaging/cron/leasewrap.cron is run as `cron, etcd, hosts, once`, as its comments say.
+//!
 //! An unmarked block is run as a shell script, and fails the test when it does not end with 0:
 //! a block that cannot run must say so. Programs the examples name (`/usr/local/bin/nightly-report`,
 //! `make-report`, ...) are stand-ins in a private root: paths under `/usr/local`, `/opt`, `/srv`,
@@ -210,7 +212,21 @@ pub fn all() -> Vec<Example> {
         .collect();
     pages.sort();
     found.extend(pages.iter().flat_map(|p| man_page(p)));
+    found.push(packaged_cron_file());
     found
+}
+
+/// packaging/cron/leasewrap.cron, which says it goes on every host and runs the job once a
+/// night, with the endpoints in the environment file.
+fn packaged_cron_file() -> Example {
+    let rel = "packaging/cron/leasewrap.cron";
+    let text = fs::read_to_string(root().join(rel)).unwrap();
+    let marks = words("cron etcd hosts once");
+    Example {
+        place: rel.to_owned(),
+        text,
+        marks,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,11 +467,13 @@ fn cron_command(line: &str) -> String {
     rest.to_owned()
 }
 
-/// The script a `cron` example runs: each line's command, in turn.
+/// The script a `cron` example runs: each job line's command, in turn (not comments, not the
+/// `NAME=value` settings of a cron file).
 fn cron_script(text: &str) -> String {
+    let setting = |l: &str| l.split_whitespace().count() == 1 && l.contains('=');
     let jobs = text
         .lines()
-        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && !setting(l));
     jobs.map(cron_command).collect::<Vec<_>>().join("\n")
 }
 
