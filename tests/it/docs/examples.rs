@@ -18,8 +18,9 @@
 //!
 //! An unmarked block is run as a shell script, and fails the test when it does not end with 0:
 //! a block that cannot run must say so. Programs the examples name (`/usr/local/bin/nightly-report`,
-//! `make-report`, ...) are stand-ins in a private root: paths under `/usr/local`, `/opt`, `/srv`,
-//! `/etc/leasewrap` and `/var/lib` are rewritten into it, endpoints to the tests' own etcd.
+//! `make-report`, ...) are stand-ins in a private root: paths under `/usr/local`, `/opt` and `/srv`
+//! are rewritten into it, `/etc/leasewrap` and `/var/lib` into each host's own part of it, and
+//! endpoints to the tests' own etcd.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -246,10 +247,10 @@ const JOBS: &[&str] = &[
 ];
 
 /// Path prefixes the examples use that are rewritten into the private root.
-const ROOTED: &[&str] = &["/usr/local/", "/opt/", "/srv/", "/etc/leasewrap/"];
+const ROOTED: &[&str] = &["/usr/local/", "/opt/", "/srv/"];
 
-/// Path prefixes each host has one of its own: its state.
-const HOST_ROOTED: &[&str] = &["/var/lib/"];
+/// Path prefixes each host has one of its own: its state and its configuration.
+const HOST_ROOTED: &[&str] = &["/var/lib/", "/etc/leasewrap/"];
 
 /// A stand-in job: refuses to run beside another (the hosts share this root), records its run,
 /// prints a line, and takes a moment (the job's own work) so that an overlap would show.
@@ -281,31 +282,18 @@ impl World {
             etcd,
             prefix: etcd::unique_prefix("examples"),
         };
-        for sub in [
-            "bin",
-            "cwd",
-            "home",
-            "etc/leasewrap/jobs",
-            "etc/leasewrap/daemons",
-            "srv",
-        ] {
+        for sub in ["bin", "cwd", "srv"] {
             fs::create_dir_all(world.path(sub)).unwrap();
         }
-        for job in JOBS {
-            world.write_exec(&world.rooted(job), JOB);
+        for job in JOBS.iter().filter(|j| !j.starts_with("/etc/leasewrap/")) {
+            world.write_exec(&world.path(job.trim_start_matches('/')), JOB);
         }
         symlink(BIN, world.path("bin/leasewrap")).unwrap();
-        world.write_env_file();
         world
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
-    }
-
-    /// Where the root keeps `path`: absolute paths under it, others relative to it.
-    fn rooted(&self, path: &str) -> PathBuf {
-        self.path(path.trim_start_matches('/'))
     }
 
     fn write_exec(&self, path: &Path, text: &str) {
@@ -314,8 +302,18 @@ impl World {
         fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
     }
 
-    /// `/etc/leasewrap/leasewrap.env`, as the packaged example would be filled in on this world.
-    fn write_env_file(&self) {
+    /// Host `host`'s own root: its state directory, /var/lib, and /etc/leasewrap with the jobs
+    /// and the environment file, as the packaged example would be filled in on this world.
+    fn host_root(&self, host: &str) -> PathBuf {
+        let home = self.path(&format!("hosts/{host}"));
+        for sub in ["state", "var/lib/node_exporter/textfile", "etc/leasewrap"] {
+            fs::create_dir_all(home.join(sub)).unwrap();
+        }
+        fs::set_permissions(home.join("state"), fs::Permissions::from_mode(0o755)).unwrap();
+        for job in JOBS.iter().filter(|j| j.starts_with("/etc/leasewrap/")) {
+            self.write_exec(&home.join(job.trim_start_matches('/')), JOB);
+        }
+        let etc = home.join("etc/leasewrap");
         let mut text = String::new();
         if let Some(etcd) = self.etcd {
             text += &format!(
@@ -324,14 +322,12 @@ impl World {
                 self.prefix
             );
             if let Some(tls) = etcd.tls() {
-                fs::copy(&tls.ca, self.path("etc/leasewrap/ca.crt")).unwrap();
-                text += &format!(
-                    "LEASEWRAP_CACERT={}\n",
-                    self.path("etc/leasewrap/ca.crt").display()
-                );
+                fs::copy(&tls.ca, etc.join("ca.crt")).unwrap();
+                text += &format!("LEASEWRAP_CACERT={}\n", etc.join("ca.crt").display());
             }
         }
-        fs::write(self.path("etc/leasewrap/leasewrap.env"), text).unwrap();
+        fs::write(etc.join("leasewrap.env"), text).unwrap();
+        home
     }
 
     /// The example's text with its paths and endpoints pointed into this world, as `host`.
@@ -357,10 +353,7 @@ impl World {
 
     /// `sh -e -c SCRIPT` as host `host` of this world: its own state directory and home.
     pub fn shell(&self, host: &str, script: &str) -> Command {
-        let home = self.path(&format!("hosts/{host}"));
-        fs::create_dir_all(home.join("state")).unwrap();
-        fs::create_dir_all(home.join("var/lib/node_exporter/textfile")).unwrap();
-        fs::set_permissions(home.join("state"), fs::Permissions::from_mode(0o755)).unwrap();
+        let home = self.host_root(host);
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-e", "-c", script]).current_dir(self.path("cwd"));
         clean_env(&mut cmd);
