@@ -37,6 +37,9 @@ use super::root;
 /// How long one example may run (a `-w 1h` that never gets its turn must not hold up the suite).
 const EXAMPLE_BOUND: Duration = Duration::from_secs(20);
 
+/// The dial timeout of the hosts' environment (the default is 2 s).
+const EXAMPLE_DIAL_TIMEOUT: &str = "10s";
+
 /// One example: where it is, what it says, and how it is marked.
 #[derive(Debug, Clone)]
 pub struct Example {
@@ -317,7 +320,7 @@ impl World {
         let mut text = String::new();
         if let Some(etcd) = self.etcd {
             text += &format!(
-                "LEASEWRAP_ENDPOINTS={}\nLEASEWRAP_PREFIX={}\n",
+                "LEASEWRAP_ENDPOINTS={}\nLEASEWRAP_PREFIX={}\nLEASEWRAP_DIAL_TIMEOUT={EXAMPLE_DIAL_TIMEOUT}\n",
                 etcd.endpoint(),
                 self.prefix
             );
@@ -366,8 +369,10 @@ impl World {
             .env("HOME", &home)
             .env("WORLD", self.dir.path());
         cmd.env("LEASEWRAP_LOCAL_DIR", home.join("state"));
-        // As the environment file of a host on etcd would have it.
+        // As the environment file of a host on etcd would have it. The examples say nothing of
+        // the dial timeout: a loose one keeps a loaded test machine from making them 69.
         if let Some(etcd) = self.etcd {
+            cmd.env("LEASEWRAP_DIAL_TIMEOUT", EXAMPLE_DIAL_TIMEOUT);
             cmd.env("LEASEWRAP_PREFIX", &self.prefix)
                 .env("LEASEWRAP_ENDPOINTS", etcd.endpoint());
             if let Some(tls) = etcd.tls() {
