@@ -1,12 +1,15 @@
 //! The generated and packaged files stay true to the code: the man pages and shell completions
 //! are regenerated from the clap definitions and compared with the committed ones, the systemd
 //! units pass `systemd-analyze verify`, and the Debian package lists files that exist and passes
-//! lintian.
+//! lintian. `examples` runs every shell example of the README, docs/ and the man pages.
 //!
 //! A stale generated file fails its test;
 //! `LEASEWRAP_BLESS=1 cargo test --test integration docs::` rewrites it.
 
+mod examples;
 mod man;
+mod readme;
+mod systemd;
 
 use std::collections::BTreeSet;
 use std::fs;

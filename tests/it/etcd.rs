@@ -339,6 +339,7 @@ fn fencing_token_is_the_lock_keys_create_revision(v: Version) {
         ("LEASEWRAP_LEASE_ID", lease_hex.clone()),
         ("LEASEWRAP_NAME", "job".to_owned()),
         ("LEASEWRAP_ENDPOINTS", etcd.endpoint()),
+        ("ETCDCTL_ENDPOINTS", etcd.endpoint()),
         ("LEASEWRAP_PREFIX", prefix.clone()),
     ];
     assert_child_env_has(&env, &expect);

@@ -3,7 +3,8 @@
 //!
 //! Run one area with a filter: `cargo test --test integration local::`.
 //!
-//! - `docs`: man pages, completions, units and package metadata stay true to the code.
+//! - `docs`: man pages, completions, units and package metadata stay true to the code, and every
+//!   shell example of the README, docs/ and the man pages runs as its text says.
 //! - `etcd`: the etcd backend against real etcd 3.4 and 3.5 (SPEC §4, §5, §9).
 //! - `fence`: fenced-write and fenced-put (SPEC §7).
 //! - `harness`: the harness itself (etcd servers, TLS, auth, cluster, proxy).

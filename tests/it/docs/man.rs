@@ -69,6 +69,10 @@ pub const GIVEN: &[(&str, &str)] = &[
         "where the lease lives, so that COMMAND can call leasewrap fenced-put (etcd only).",
     ),
     (
+        "ETCDCTL_ENDPOINTS",
+        "the same endpoints as LEASEWRAP_ENDPOINTS, so that an etcdctl COMMAND runs talks to the same cluster (etcd only). TLS and authentication variables are not made up for etcdctl (a password never reaches COMMAND): COMMAND inherits ETCDCTL_CACERT and the others only when leasewrap was given them.",
+    ),
+    (
         "LEASEWRAP_LOCAL_DIR",
         "the local backend's directory (local only).",
     ),
@@ -186,6 +190,14 @@ impl Sections {
         self
     }
 
+    /// A roff comment before the next example, telling tests/it/docs/examples.rs how to run it
+    /// (`hosts once`, `not run: WHY`, ...); the reader of the page never sees it.
+    fn mark(&mut self, words: &str) -> &mut Self {
+        self.0
+            .control("\\\"", ["example:"].into_iter().chain(words.split(' ')));
+        self
+    }
+
     /// `intro`, then `lines` as an indented literal block.
     fn example(&mut self, intro: &str, lines: &[&str]) -> &mut Self {
         self.para(intro);
@@ -273,17 +285,19 @@ fn examples_main(s: &mut Sections) {
             ],
         )
         .example(
-            "A shell string needs a name; the child replaces the report with make-report's output only when make-report succeeds and its token is the newest:",
-            &["leasewrap --name report -c 'leasewrap fenced-write /srv/report.html -- make-report'"],
+            "The child replaces /srv/report.html with make-report's output only if make-report exits 0, and only while its token is the newest (the stdin form, make-report | leasewrap fenced-write DEST, would commit the output of a make-report that died half way):",
+            &["leasewrap --name report -- leasewrap fenced-write /srv/report.html -- make-report"],
         )
         .example(
             "Share a lock with etcdctl lock (the same key layout without a prefix):",
             &["leasewrap --prefix '' --name db-migrate -- ./migrate"],
         )
+        .mark("hosts once")
         .example(
             "From cron on every host of a fleet: the nightly report runs once a night, on whichever host fires first; the others, and any that catch up late, end with status 0:",
             &["leasewrap -q -w 1h -E 0 --once-per 1d --endpoints http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 --metrics-file /var/lib/node_exporter/textfile/nightly-report.prom --name nightly-report -- /usr/local/bin/nightly-report"],
         )
+        .mark("etcd status 1")
         .example(
             "Before trying that job by hand: which KEY a run now would use, and whether it is done:",
             &["leasewrap status --once-per 1d --endpoints http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 nightly-report"],
