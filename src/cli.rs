@@ -265,7 +265,7 @@ pub struct LogArgs {
     #[arg(short = 'q', long, conflicts_with = "verbose")]
     pub quiet: bool,
 
-    /// Log more (twice: everything)
+    /// Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything
     #[arg(short = 'v', long, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
