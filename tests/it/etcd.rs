@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(2);
 const TTL_ARG: &str = "2s";
 
 /// `--ttl 2s`, and debug logs, which a failing fault test shows with leasewrap's stderr.
-const FAULT_ARGS: [&str; 3] = ["--ttl", TTL_ARG, "-v"];
+const FAULT_ARGS: [&str; 3] = ["--ttl", TTL_ARG, "-vv"];
 
 /// Lease "job" under `prefix` through `endpoint`, with the fault tests' timing.
 fn fault_job(endpoint: &str, prefix: &str) -> Leasewrap {

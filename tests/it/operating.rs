@@ -1,5 +1,6 @@
 //! Black-box tests of what an operator sees: `leasewrap status` on both backends (etcd 3.4 and
-//! 3.5), the sd_notify messages systemd receives, and JSON log lines.
+//! 3.5), the sd_notify messages systemd receives, and log lines: quiet on success, JSON, the
+//! journal's entries, and errors that end a run.
 //!
 //! Holders are real leasewrap runs whose child waits for a release file; every wait polls an
 //! observable event with a bound.
@@ -344,7 +345,7 @@ fn log_line(stderr: &str, message: &str) -> Value {
 fn json_logs_carry_name_and_token(store: &Store) {
     let out = store
         .leasewrap("logged")
-        .args(&["--log-format", "json"])
+        .args(&["--log-format", "json", "-v"])
         .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN"])
         .output();
     assert_exit(&out, 0);
@@ -380,4 +381,104 @@ fn json_log_format_also_comes_from_the_environment_and_errors_are_json_too() {
         "leasewrap-test-no-such-command: command not found",
     );
     assert_eq!(line["level"], "ERROR", "{line}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logs (docs/operating.md "Logs").
+
+/// The lines of `stderr` at `level` (text format) that contain `message`.
+fn lines_at<'a>(stderr: &'a str, level: &str, message: &str) -> Vec<&'a str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(&format!(" {level} ")) && l.contains(message))
+        .collect()
+}
+
+#[test]
+fn a_successful_run_prints_nothing_on_stderr_and_v_brings_the_info_lines_back() {
+    let sb = Sandbox::new();
+    let quiet = sb.leasewrap().name("silent").cmd(&["true"]).output();
+    assert_exit(&quiet, 0);
+    assert_eq!(quiet.stderr, "", "a successful run wrote on stderr");
+
+    let verbose = sb
+        .leasewrap()
+        .name("silent")
+        .args(&["-v"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&verbose, 0);
+    let first = verbose.stderr.lines().next().unwrap_or_default();
+    assert_eq!(
+        lines_at(first, "INFO", "using the local backend").len(),
+        1,
+        "the first line says the local backend is used:\n{}",
+        verbose.stderr
+    );
+    for message in ["acquired", "released"] {
+        let found = lines_at(&verbose.stderr, "INFO", message);
+        assert_eq!(found.len(), 1, "{message}:\n{}", verbose.stderr);
+        assert!(found[0].contains("token=2"), "{}", found[0]);
+    }
+}
+
+#[test]
+fn q_hides_the_held_lease_s_warning_and_shows_the_error_that_ends_the_run() {
+    let sb = Sandbox::new();
+    let holder = hold(&sb, &Store::Local(sb.state()), "busy");
+    let skipped = sb
+        .leasewrap()
+        .name("busy")
+        .args(&["-n", "-q"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&skipped, 75);
+    assert_eq!(skipped.stderr, "", "-q showed the skip");
+    let shown = sb
+        .leasewrap()
+        .name("busy")
+        .args(&["-n"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&shown, 75);
+    assert!(
+        shown.stderr.contains("is held by another process"),
+        "{}",
+        shown.stderr
+    );
+    holder.finish();
+    let missing = sb
+        .leasewrap()
+        .name("missing")
+        .args(&["-q"])
+        .cmd(&["leasewrap-test-no-such-command"])
+        .output();
+    assert_exit(&missing, 127);
+    assert!(
+        missing.stderr.contains("command not found"),
+        "{}",
+        missing.stderr
+    );
+}
+
+#[test]
+fn the_waiter_s_line_says_its_number_is_the_token_it_gets_once_acquired() {
+    let sb = Sandbox::new();
+    let store = Store::etcd(Version::V3_5, "waiter_line");
+    let holder = hold(&sb, &store, "queued");
+    let waiter = store
+        .leasewrap("queued")
+        .args(&["-v", "-w", "300ms"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&waiter, 75);
+    let line = lines_at(&waiter.stderr, "INFO", "waiting for the lease");
+    assert_eq!(line.len(), 1, "{}", waiter.stderr);
+    assert!(line[0].contains("token_once_acquired="), "{}", line[0]);
+    assert!(
+        !line[0].contains(" token="),
+        "reads as the holder's token: {}",
+        line[0]
+    );
+    holder.finish();
 }

@@ -81,7 +81,8 @@ impl Etcd {
                 },
                 false if !block => return Err(Error::Busy { name: name.into() }),
                 false => {
-                    tracing::info!(name = %name, token = queued.revision, "waiting for the lease");
+                    // The waiter's own key's revision: its token once its turn comes, not the holder's.
+                    tracing::info!(name = %name, token_once_acquired = queued.revision, "waiting for the lease");
                     mutex::wait_turn(&self.conn, &self.cfg, name, &queued, state).await?
                 }
             };

@@ -38,7 +38,7 @@ pub const READ: &[(&str, &str)] = &[
     ("LEASEWRAP_LOG_FORMAT", "log line format on stderr, text or json (--log-format)."),
     (
         "LEASEWRAP_LOG",
-        "a tracing filter for log lines, such as leasewrap=debug; it overrides -q and -v.",
+        "a filter for log lines, such as debug or leasewrap=debug; it overrides -q and -v (see LOGS).",
     ),
     (
         "NOTIFY_SOCKET",
@@ -235,6 +235,7 @@ fn main_page(cmd: &clap::Command) -> String {
     s.heading("ONCE PER SCHEDULED RUN")
         .para("A lease gives mutual exclusion; --once gives a job that runs once per schedule on a fleet, and retries on another host when a run fails.")
         .items(leasewrap::runs::MAN_SECTION);
+    s.heading("LOGS").items(leasewrap::log::MAN_SECTION);
     s.heading("SECURITY").items(leasewrap::cli::SECURITY_NOTES);
     s.heading("FILES")
         .item("DIR/NAME.lock", "the local backend's lock file, locked with flock(2) while the lease is held; it holds the holder's record (JSON: host, pid, command, start). DIR is --local-dir, by default /var/lib/leasewrap as root.")

@@ -92,7 +92,7 @@ impl Scenario {
             Leasewrap::new()
                 .on_etcd(endpoints, &prefix)
                 .name("job")
-                .args(&["--ttl", &ttl, "-v"])
+                .args(&["--ttl", &ttl, "-vv"])
         };
         let a = Job::spawn(lw(&holder_on), Marks::new(&sb, "a"), true);
         a.child();

@@ -1,0 +1,129 @@
+//! Log lines: tracing events on stderr, as text or JSON, filtered by `LEASEWRAP_LOG` or else by
+//! `-q`/`-v`. stdout belongs to the child and is never written.
+//!
+//! A successful run is silent, as flock and timeout are: WARN and above by default, INFO with
+//! `-v`, DEBUG with `-vv`, everything with `-vvv`, ERROR only with `-q`.
+//!
+//! `LEASEWRAP_LOG` takes `target=level` directives separated by commas, and a bare level for
+//! everything else (`debug`, `leasewrap=debug,h2=info`): tracing's `Targets` filter, which needs
+//! no regular expressions and so keeps the process small. A value that is not of that form is
+//! named in one warning, and the default applies.
+
+use tracing::level_filters::LevelFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::prelude::*;
+
+use crate::cli::{LogArgs, LogFormat};
+
+/// The LOGS section of the man page.
+pub const MAN_SECTION: &[(&str, &str)] = &[
+    (
+        "Quiet success",
+        "A run that goes well prints nothing on stderr, as flock(1) and timeout(1): by default leasewrap logs warnings and errors only. -v adds what it does (INFO: on the local backend first that the local backend is used, then waiting for the lease, acquired, released), -vv DEBUG (each renewal), -vvv everything; -q keeps errors only. When stderr is the journal the default is INFO.",
+    ),
+    (
+        "LEASEWRAP_LOG",
+        "Overrides -q and -v: a level (debug) or target=level directives separated by commas (leasewrap=debug,h2=info). Anything else gets one warning naming LEASEWRAP_LOG, and the default applies.",
+    ),
+    (
+        "Waiting",
+        "A waiter on etcd logs waiting for the lease with token_once_acquired=N: the fencing token it will hold once its turn comes, not the holder's.",
+    ),
+];
+
+/// The variable that overrides `-q`/`-v`.
+const FILTER_VAR: &str = "LEASEWRAP_LOG";
+
+/// Install the subscriber for this process.
+pub fn init(args: &LogArgs) {
+    let default = default_level(args);
+    // An empty LEASEWRAP_LOG counts as unset, as the other variables do.
+    let (filter, bad) = match std::env::var(FILTER_VAR).ok().filter(|t| !t.is_empty()) {
+        Some(text) => match parse_filter(&text) {
+            Some(filter) => (filter, None),
+            None => (only_ours(default), Some(text)),
+        },
+        None => (only_ours(default), None),
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let registry = tracing_subscriber::registry().with(filter);
+    match args.log_format {
+        LogFormat::Text => registry.with(fmt.with_ansi(false)).init(),
+        LogFormat::Json => registry.with(fmt.json().flatten_event(true)).init(),
+    }
+    if let Some(text) = bad {
+        tracing::warn!(
+            "{FILTER_VAR}: {text:?} is not a filter (write a level like debug, or target=level directives like leasewrap=debug,h2=info); using the default, {default}"
+        );
+    }
+}
+
+/// The level of leasewrap's own events when `LEASEWRAP_LOG` does not say.
+fn default_level(args: &LogArgs) -> LevelFilter {
+    match (args.quiet, args.verbose) {
+        (true, _) => LevelFilter::ERROR,
+        (false, 0) => LevelFilter::WARN,
+        (false, 1) => LevelFilter::INFO,
+        (false, 2) => LevelFilter::DEBUG,
+        (false, _) => LevelFilter::TRACE,
+    }
+}
+
+fn only_ours(level: LevelFilter) -> Targets {
+    Targets::new().with_target("leasewrap", level)
+}
+
+/// `LEASEWRAP_LOG` as a filter, when every directive is `LEVEL` or `TARGET=LEVEL`. (`Targets`
+/// alone would take a misspelt level, `verbose`, for a target, and so silence everything.)
+fn parse_filter(text: &str) -> Option<Targets> {
+    let is_level = |s: &str| !s.trim().is_empty() && s.trim().parse::<LevelFilter>().is_ok();
+    let well_formed = text.split(',').all(|d| match d.split_once('=') {
+        Some((target, level)) => !target.trim().is_empty() && is_level(level),
+        None => is_level(d),
+    });
+    well_formed.then(|| text.parse().ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_is_levels_and_target_level_directives_only() {
+        for good in [
+            "debug",
+            "leasewrap=debug,h2=info",
+            "warn",
+            "off",
+            "leasewrap=trace",
+        ] {
+            assert!(parse_filter(good).is_some(), "{good:?} refused");
+        }
+        for bad in [
+            "verbose",
+            "JSON",
+            "",
+            "leasewrap=loud",
+            "=debug",
+            "debug,,info",
+        ] {
+            assert!(parse_filter(bad).is_none(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn success_is_silent_by_default_and_each_v_logs_more() {
+        let args = |quiet, verbose| LogArgs {
+            quiet,
+            verbose,
+            ..LogArgs::default()
+        };
+        assert_eq!(default_level(&args(false, 0)), LevelFilter::WARN);
+        assert_eq!(default_level(&args(false, 1)), LevelFilter::INFO);
+        assert_eq!(default_level(&args(false, 2)), LevelFilter::DEBUG);
+        assert_eq!(default_level(&args(false, 3)), LevelFilter::TRACE);
+        assert_eq!(default_level(&args(true, 0)), LevelFilter::ERROR);
+    }
+}
