@@ -166,7 +166,9 @@ fn usage_error(e: clap::Error) -> Exit {
         return Exit::Code(0);
     }
     let e = error::Error::Usage(first_line(&e.to_string()));
-    eprintln!("leasewrap: {e}");
+    // The command line did not say how to log: the defaults, so that the journal gets it too.
+    log::init(&cli::LogArgs::default());
+    log::end(&e, false);
     Exit::Code(e.code(ExitCodes::default()))
 }
 
@@ -186,13 +188,9 @@ fn first_line(text: &str) -> String {
 }
 
 fn fail(e: error::Error, codes: ExitCodes) -> Exit {
-    // A lost lease was logged, with its token, when it was noticed. A skip (the lease held, or
-    // KEY done) is what a fleet does every night: not an error, so `-q -E 0` stays silent.
-    if e.is_skip() {
-        tracing::warn!("{e}");
-    } else if !matches!(e, error::Error::Lost { .. }) {
-        tracing::error!("{e}");
-    }
+    // A skip (the lease held, or KEY done) is what a fleet does every night: not an error, so
+    // `-q -E 0` stays silent. A lost lease was also logged, with its token, when it was noticed.
+    log::end(&e, e.is_skip());
     Exit::Code(e.code(codes))
 }
 

@@ -9,9 +9,16 @@
 //! no regular expressions and so keeps the process small. A value that is not of that form is
 //! named in one warning, and the default applies.
 
+use std::fmt::Write as _;
+
+use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
+use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::Targets;
+use tracing_subscriber::fmt::format::{Format, Full, Writer};
+use tracing_subscriber::fmt::{self, FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::prelude::*;
+use tracing_subscriber::registry::LookupSpan;
 
 use crate::cli::{LogArgs, LogFormat};
 
@@ -24,6 +31,10 @@ pub const MAN_SECTION: &[(&str, &str)] = &[
     (
         "LEASEWRAP_LOG",
         "Overrides -q and -v: a level (debug) or target=level directives separated by commas (leasewrap=debug,h2=info). Anything else gets one warning naming LEASEWRAP_LOG, and the default applies.",
+    ),
+    (
+        "Why a run ended",
+        "An error that ends the run, and a run that starts nothing because the lease is held or KEY is done, is one line with neither time nor level: leasewrap: MESSAGE (with --log-format json an object at level ERROR or WARN; on the journal an entry at priority 3 or 4). -q hides the second kind only. A connection failure names the endpoint and says what failed: etcd at 127.0.0.1:2379: connection refused (69); TLS handshake with 127.0.0.1:2379 failed: the server does not speak TLS? (77).",
     ),
     (
         "Waiting",
@@ -50,7 +61,10 @@ pub fn init(args: &LogArgs) {
         .with_target(false);
     let registry = tracing_subscriber::registry().with(filter);
     match args.log_format {
-        LogFormat::Text => registry.with(fmt.with_ansi(false)).init(),
+        LogFormat::Text => {
+            let lines = Lines(fmt::format().with_target(false).with_ansi(false));
+            registry.with(fmt.event_format(lines)).init()
+        }
         LogFormat::Json => registry.with(fmt.json().flatten_event(true)).init(),
     }
     if let Some(text) = bad {
@@ -58,6 +72,55 @@ pub fn init(args: &LogArgs) {
             "{FILTER_VAR}: {text:?} is not a filter (write a level like debug, or target=level directives like leasewrap=debug,h2=info); using the default, {default}"
         );
     }
+}
+
+/// The target of the line that says why a run ended: printed as the bare `leasewrap: MESSAGE`
+/// line (no time, no level), as flock, timeout and etcdctl print theirs.
+pub const END: &str = "leasewrap::end";
+
+/// Say why the run ended: an error, or (`skip`) a warning that `-q` hides.
+pub fn end(message: &dyn std::fmt::Display, skip: bool) {
+    if skip {
+        tracing::warn!(target: END, "{message}");
+    } else {
+        tracing::error!(target: END, "{message}");
+    }
+}
+
+/// The text format: tracing's own lines, and the bare line for [`END`].
+struct Lines(Format<Full>);
+
+impl<S, N> FormatEvent<S, N> for Lines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        if event.metadata().target() != END {
+            return self.0.format_event(ctx, writer, event);
+        }
+        writeln!(writer, "leasewrap: {}", message(event))
+    }
+}
+
+/// The `message` field of `event`.
+fn message(event: &Event<'_>) -> String {
+    struct Message(String);
+    impl Visit for Message {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                let _ = write!(self.0, "{value:?}");
+            }
+        }
+    }
+    let mut found = Message(String::new());
+    event.record(&mut found);
+    found.0
 }
 
 /// The level of leasewrap's own events when `LEASEWRAP_LOG` does not say.

@@ -26,7 +26,7 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ("1", "NAME is free; with --once KEY, KEY is not done"),
     ("64", "bad usage: a lease name, option, duration or URL is wrong"),
     ("69", "etcd is unreachable"),
-    ("77", "etcd refused the authentication or the TLS handshake"),
+    ("77", "etcd refused the authentication, or the TLS handshake failed"),
     (
         "78",
         "bad configuration: a certificate, password file, the local directory or a lock file is unreadable",

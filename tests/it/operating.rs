@@ -262,7 +262,10 @@ fn status_exits_69_when_etcd_is_unreachable_and_64_for_a_bad_name() {
     };
     let (code, _, stderr) = dead.status(&["--dial-timeout", "300ms", "job"]);
     assert_eq!(code, 69, "{stderr}");
-    assert!(stderr.contains("unreachable"), "{stderr}");
+    assert!(
+        stderr.contains("etcd at 127.0.0.1:1: connection refused"),
+        "{stderr}"
+    );
     let sb = Sandbox::new();
     let (code, _, stderr) = Store::Local(sb.state()).status(&["a/b"]);
     assert_eq!(code, 64, "{stderr}");
@@ -392,6 +395,34 @@ fn lines_at<'a>(stderr: &'a str, level: &str, message: &str) -> Vec<&'a str> {
         .lines()
         .filter(|l| l.contains(&format!(" {level} ")) && l.contains(message))
         .collect()
+}
+
+#[test]
+fn an_error_that_ends_the_run_is_one_bare_leasewrap_line() {
+    let sb = Sandbox::new();
+    let missing = sb
+        .leasewrap()
+        .name("missing")
+        .cmd(&["leasewrap-test-no-such-command"])
+        .output();
+    assert_exit(&missing, 127);
+    assert_eq!(
+        missing.stderr,
+        "leasewrap: leasewrap-test-no-such-command: command not found\n"
+    );
+    let holder = hold(&sb, &Store::Local(sb.state()), "busy");
+    let busy = sb
+        .leasewrap()
+        .name("busy")
+        .args(&["-n"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&busy, 75);
+    assert_eq!(
+        busy.stderr,
+        "leasewrap: lease \"busy\" is held by another process\n"
+    );
+    holder.finish();
 }
 
 #[test]
