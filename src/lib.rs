@@ -34,7 +34,8 @@
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
 //! - `files`: opening leasewrap's small files with no links, FIFOs or foreign files followed.
 //! - `notify`: sd_notify messages for systemd.
-//! - `log`: tracing on stderr.
+//! - `log`: tracing on stderr; quiet success; the bare line that says why a run ended.
+//! - `log::journal`: native journal entries when stderr is the journal.
 
 pub mod cli;
 pub mod clock;
@@ -133,6 +134,7 @@ fn run_command(args: &cli::RunArgs) -> Exit {
         Err(e) => return fail(e, ExitCodes::default()),
     };
     forget_passwords();
+    log::note(Some(&cfg.name), None, None);
     match run::run(&cfg) {
         Ok(exit) => exit,
         Err(e) => fail(e, cfg.codes),

@@ -2,14 +2,18 @@
 //! `-q`/`-v`. stdout belongs to the child and is never written.
 //!
 //! A successful run is silent, as flock and timeout are: WARN and above by default, INFO with
-//! `-v`, DEBUG with `-vv`, everything with `-vvv`, ERROR only with `-q`.
+//! `-v`, DEBUG with `-vv`, everything with `-vvv`, ERROR only with `-q`. When stderr is the
+//! journal, text lines become journal entries (`journal`) and the default is INFO.
 //!
 //! `LEASEWRAP_LOG` takes `target=level` directives separated by commas, and a bare level for
 //! everything else (`debug`, `leasewrap=debug,h2=info`): tracing's `Targets` filter, which needs
 //! no regular expressions and so keeps the process small. A value that is not of that form is
 //! named in one warning, and the default applies.
 
+mod journal;
+
 use std::fmt::Write as _;
+use std::sync::Mutex;
 
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
@@ -27,6 +31,10 @@ pub const MAN_SECTION: &[(&str, &str)] = &[
     (
         "Quiet success",
         "A run that goes well prints nothing on stderr, as flock(1) and timeout(1): by default leasewrap logs warnings and errors only. -v adds what it does (INFO: on the local backend first that the local backend is used, then waiting for the lease, acquired, released), -vv DEBUG (each renewal), -vvv everything; -q keeps errors only. When stderr is the journal the default is INFO.",
+    ),
+    (
+        "The journal",
+        "When stderr is the journal (JOURNAL_STREAM names the device and inode of fd 2, as systemd sets it) and the format is text, leasewrap writes native journal entries on /run/systemd/journal/socket: PRIORITY 3 for ERROR, 4 WARN, 6 INFO, 7 DEBUG and TRACE, SYSLOG_IDENTIFIER=leasewrap, no timestamp of its own, and, where known, LEASEWRAP_NAME, LEASEWRAP_FENCING_TOKEN and LEASEWRAP_LEASE_ID (etcd, hex), so journalctl -p warning and journalctl LEASEWRAP_NAME=NAME work. When that socket cannot be reached, lines on stderr prefixed <N> with the priority (sd-daemon(3)). --log-format json stays JSON lines.",
     ),
     (
         "LEASEWRAP_LOG",
@@ -47,7 +55,11 @@ const FILTER_VAR: &str = "LEASEWRAP_LOG";
 
 /// Install the subscriber for this process.
 pub fn init(args: &LogArgs) {
-    let default = default_level(args);
+    let journal = match args.log_format {
+        LogFormat::Text => journal::Journal::for_stderr(),
+        LogFormat::Json => None,
+    };
+    let default = default_level(args, journal.is_some());
     // An empty LEASEWRAP_LOG counts as unset, as the other variables do.
     let (filter, bad) = match std::env::var(FILTER_VAR).ok().filter(|t| !t.is_empty()) {
         Some(text) => match parse_filter(&text) {
@@ -61,6 +73,7 @@ pub fn init(args: &LogArgs) {
         .with_target(false);
     let registry = tracing_subscriber::registry().with(filter);
     match args.log_format {
+        _ if journal.is_some() => registry.with(journal).init(),
         LogFormat::Text => {
             let lines = Lines(fmt::format().with_target(false).with_ansi(false));
             registry.with(fmt.event_format(lines)).init()
@@ -123,10 +136,44 @@ fn message(event: &Event<'_>) -> String {
     found.0
 }
 
-/// The level of leasewrap's own events when `LEASEWRAP_LOG` does not say.
-fn default_level(args: &LogArgs) -> LevelFilter {
+/// What the run has learnt of its lease, for the journal's fields of every later entry.
+#[derive(Default)]
+struct Known {
+    name: Option<String>,
+    token: Option<u64>,
+    /// The etcd lease id.
+    lease: Option<i64>,
+}
+
+static KNOWN: Mutex<Known> = Mutex::new(Known {
+    name: None,
+    token: None,
+    lease: None,
+});
+
+fn known() -> std::sync::MutexGuard<'static, Known> {
+    KNOWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Note the lease name, the token and the etcd lease id as they become known (None: not
+/// changed), for the journal's LEASEWRAP_* fields.
+pub fn note(name: Option<&str>, token: Option<u64>, lease: Option<i64>) {
+    let mut known = known();
+    if let Some(name) = name {
+        known.name = Some(name.to_owned());
+    }
+    known.token = token.or(known.token);
+    known.lease = lease.or(known.lease);
+}
+
+/// The level of leasewrap's own events when `LEASEWRAP_LOG` does not say; on the journal,
+/// which keeps what it is given and shows what is asked for, INFO.
+fn default_level(args: &LogArgs, journal: bool) -> LevelFilter {
     match (args.quiet, args.verbose) {
         (true, _) => LevelFilter::ERROR,
+        (false, 0) if journal => LevelFilter::INFO,
         (false, 0) => LevelFilter::WARN,
         (false, 1) => LevelFilter::INFO,
         (false, 2) => LevelFilter::DEBUG,
@@ -183,10 +230,15 @@ mod tests {
             verbose,
             ..LogArgs::default()
         };
-        assert_eq!(default_level(&args(false, 0)), LevelFilter::WARN);
-        assert_eq!(default_level(&args(false, 1)), LevelFilter::INFO);
-        assert_eq!(default_level(&args(false, 2)), LevelFilter::DEBUG);
-        assert_eq!(default_level(&args(false, 3)), LevelFilter::TRACE);
-        assert_eq!(default_level(&args(true, 0)), LevelFilter::ERROR);
+        let level = |quiet, verbose| default_level(&args(quiet, verbose), false);
+        assert_eq!(level(false, 0), LevelFilter::WARN);
+        assert_eq!(level(false, 1), LevelFilter::INFO);
+        assert_eq!(level(false, 2), LevelFilter::DEBUG);
+        assert_eq!(level(false, 3), LevelFilter::TRACE);
+        assert_eq!(level(true, 0), LevelFilter::ERROR);
+        let journal = |quiet, verbose| default_level(&args(quiet, verbose), true);
+        assert_eq!(journal(false, 0), LevelFilter::INFO);
+        assert_eq!(journal(false, 2), LevelFilter::DEBUG);
+        assert_eq!(journal(true, 0), LevelFilter::ERROR);
     }
 }

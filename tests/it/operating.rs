@@ -7,6 +7,7 @@
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
+use std::process::Command;
 
 use crate::support::etcd::{self, Version};
 use crate::support::*;
@@ -512,4 +513,101 @@ fn the_waiter_s_line_says_its_number_is_the_token_it_gets_once_acquired() {
         line[0]
     );
     holder.finish();
+}
+
+/// Runs `script` by sh in a mount namespace of its own whose /run (and /var/log/journal) is an
+/// empty tmpfs, so that no journald but the script's own can be reached. In it `lw ARGS...`
+/// runs leasewrap on the sandbox's state directory with JOURNAL_STREAM naming its stderr.
+#[track_caller]
+fn with_private_run(sb: &Sandbox, script: &str) -> Output {
+    let setup = "mount -t tmpfs tmpfs /run || exit 90\n\
+                 mount -t tmpfs tmpfs /var/log/journal 2>/dev/null\n\
+                 lw() { JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) \"$LW\" --local-dir \"$DIR\" \"$@\"; }\n";
+    let mut command = Command::new("unshare");
+    command.args(["-m", "sh", "-c", &format!("{setup}{script}")]);
+    clean_env(&mut command);
+    command.env("LW", BIN).env("DIR", sb.state());
+    let out = run_bounded(command, 2 * RUN_BOUND);
+    assert_ne!(
+        out.status.code(),
+        Some(90),
+        "unshare -m and a tmpfs on /run are needed (run as root){}",
+        out.context()
+    );
+    out
+}
+
+#[test]
+fn with_stderr_the_journal_and_no_journald_lines_carry_priority_prefixes_and_no_timestamp() {
+    let sb = Sandbox::new();
+    let out = with_private_run(
+        &sb,
+        "lw --name demo -- true; lw --name demo -- leasewrap-test-no-such-command; echo $?",
+    );
+    assert_eq!(out.stdout, "127\n", "{}", out.context());
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    let dir = sb.state();
+    let want = [
+        format!(
+            "<6>using the local backend (no etcd endpoints configured) dir={}",
+            dir.display()
+        ),
+        "<6>acquired name=demo token=1".to_owned(),
+        "<6>released name=demo token=1".to_owned(),
+        // COMMAND is looked up before the backend is chosen.
+        "<3>leasewrap-test-no-such-command: command not found".to_owned(),
+    ];
+    assert_eq!(
+        lines, want,
+        "the default on the journal is INFO; no timestamps"
+    );
+}
+
+/// The script's part that starts systemd-journald and waits (bounded) for its socket.
+const JOURNALD: &str = "mkdir -p /run/systemd/journal\n\
+    /lib/systemd/systemd-journald & jd=$!\n\
+    trap 'kill $jd' EXIT\n\
+    n=0; until [ -S /run/systemd/journal/socket ]; do n=$((n+1)); [ $n -lt 1000 ] || exit 91; sleep 0.01; done\n";
+
+/// Polls journalctl (bounded) until an entry says `last`, then prints leasewrap's entries as
+/// JSON, one a line.
+const READ_BACK: &str = "n=0; until journalctl -D /run/log/journal -o cat SYSLOG_IDENTIFIER=leasewrap | grep -q \"$LAST\"; do\n\
+    n=$((n+1)); [ $n -lt 1000 ] || exit 92; sleep 0.01; done\n\
+    journalctl -D /run/log/journal -o json SYSLOG_IDENTIFIER=leasewrap\n";
+
+#[test]
+fn with_stderr_the_journal_entries_are_native_with_priority_and_the_lease_s_fields() {
+    let sb = Sandbox::new();
+    let script = format!(
+        "{JOURNALD}lw --name demo -- true\n\
+         LAST='command not found'; lw --name demo -- leasewrap-test-no-such-command\n{READ_BACK}"
+    );
+    let out = with_private_run(&sb, &script);
+    assert_exit(&out, 0);
+    assert_eq!(out.stderr, "", "entries went to the journal, not to stderr");
+    let entries: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let entry = |message: &str| {
+        let found = entries.iter().find(|e| e["MESSAGE"] == message);
+        found
+            .unwrap_or_else(|| panic!("no {message:?} entry in {entries:#?}"))
+            .clone()
+    };
+    let acquired = entry("acquired name=demo token=1");
+    assert_eq!(acquired["PRIORITY"], "6", "{acquired}");
+    assert_eq!(acquired["LEASEWRAP_NAME"], "demo", "{acquired}");
+    assert_eq!(acquired["LEASEWRAP_FENCING_TOKEN"], "1", "{acquired}");
+    let error = entry("leasewrap-test-no-such-command: command not found");
+    assert_eq!(error["PRIORITY"], "3", "{error}");
+    assert_eq!(
+        error["LEASEWRAP_NAME"], "demo",
+        "the run's name on its last entry: {error}"
+    );
+    for e in &entries {
+        let message = e["MESSAGE"].as_str().unwrap_or_default();
+        assert!(!message.starts_with("20"), "a timestamp of its own: {e}");
+    }
 }

@@ -105,6 +105,7 @@ impl Etcd {
     ) -> Result<(Queued, watch::Receiver<KeeperState>), Error> {
         let grant = Grant::ask(&self.conn, self.cfg.dial_timeout, self.params).await?;
         let id = grant.id;
+        crate::log::note(None, None, Some(id));
         self.attempt = Attempt::Granted(id);
         let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
         let own = OwnKey {
