@@ -113,9 +113,12 @@ fn unset_empty_clap_variables() {
 }
 
 /// Once read, the passwords leave our own environment (a USER:PASSWORD keeps its user), so
-/// that nothing of ours passes them on. /proc/PID/environ still shows the environment leasewrap
-/// was started with: PR_SET_DUMPABLE keeps it from other processes of the same user.
+/// that nothing of ours passes them on, and their bytes are overwritten where
+/// /proc/PID/environ reads them: the environment block leasewrap was started with, which the
+/// watchdog, forked later, copies. PR_SET_DUMPABLE keeps that file from other processes of the
+/// same user; this keeps the passwords from root's `ps e` and from the watchdog's copy.
 fn forget_passwords() {
+    wipe_passwords_in_place();
     for key in config::PASSWORD_VARS {
         // Still single-threaded: nothing else reads the environment concurrently.
         std::env::remove_var(key);
@@ -125,6 +128,42 @@ fn forget_passwords() {
             std::env::set_var(key, config::user_part(&value));
         }
     }
+}
+
+/// Overwrite the password bytes of every `environ` string, in place. The strings leasewrap
+/// started with are those of the block between the kernel's env_start and env_end, which
+/// /proc/PID/environ reads (prctl PR_SET_MM_ENV_* would need CAP_SYS_RESOURCE); std keeps no
+/// copy of its own, and what setenv added since is overwritten just the same.
+fn wipe_passwords_in_place() {
+    // SAFETY: still single-threaded, so nothing reads or changes the environment meanwhile.
+    // `environ` is a NULL-terminated array of NUL-terminated, writable strings; each is
+    // overwritten within its own length, and no pointer in the array is changed.
+    unsafe {
+        let mut entry = libc::environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let len = libc::strlen(*entry);
+            let bytes = std::slice::from_raw_parts_mut((*entry).cast::<u8>(), len);
+            if let Some(secret) = secret_of(bytes) {
+                bytes[secret].fill(b'*');
+            }
+            entry = entry.add(1);
+        }
+    }
+}
+
+/// Where the password is in a `KEY=VALUE` string: all of the value of a `*_PASSWORD`, what
+/// follows the first ':' of LEASEWRAP_USER or ETCDCTL_USER.
+fn secret_of(entry: &[u8]) -> Option<std::ops::Range<usize>> {
+    let eq = entry.iter().position(|b| *b == b'=')?;
+    let (key, value) = (&entry[..eq], eq + 1..entry.len());
+    if key.ends_with(b"_PASSWORD") {
+        return Some(value);
+    }
+    if !config::USER_VARS.iter().any(|u| u.as_bytes() == key) {
+        return None;
+    }
+    let colon = entry[value.clone()].iter().position(|b| *b == b':')?;
+    Some(value.start + colon + 1..value.end)
 }
 
 fn run_command(args: &cli::RunArgs) -> Exit {
@@ -261,6 +300,20 @@ mod tests {
                 "lib.rs's `//! # Layout` does not name {module}"
             );
         }
+    }
+
+    #[test]
+    fn the_secret_of_an_environment_string_is_a_password_s_value_or_after_user_colon() {
+        fn secret(e: &str) -> Option<&str> {
+            super::secret_of(e.as_bytes()).map(|r| &e[r])
+        }
+        assert_eq!(secret("LEASEWRAP_PASSWORD=s3cret"), Some("s3cret"));
+        assert_eq!(secret("MYSQL_PASSWORD=a=b"), Some("a=b"));
+        assert_eq!(secret("ETCDCTL_USER=alice:pa:ss"), Some("pa:ss"));
+        assert_eq!(secret("LEASEWRAP_USER=alice"), None);
+        assert_eq!(secret("OTHER_USER=alice:x"), None);
+        assert_eq!(secret("PASSWORD_HINT=x"), None);
+        assert_eq!(secret("NOEQUALS"), None);
     }
 
     #[test]
