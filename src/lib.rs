@@ -69,9 +69,9 @@ pub fn entry(args: Vec<OsString>) -> Exit {
     // execs, which makes it dumpable again.
     let _ = nix::sys::prctl::set_dumpable(false);
     unset_empty_clap_variables();
-    let cli = match cli::Cli::try_parse_from(args) {
+    let cli = match cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(e, &args),
     };
     match cli.sub {
         None => run_command(&cli.run),
@@ -200,17 +200,51 @@ fn finish(result: Result<u8, error::Error>, codes: ExitCodes) -> Exit {
     }
 }
 
-fn usage_error(e: clap::Error) -> Exit {
+fn usage_error(e: clap::Error, args: &[OsString]) -> Exit {
     use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
     if matches!(e.kind(), DisplayHelp | DisplayVersion) {
         let _ = e.print();
         return Exit::Code(0);
     }
-    let e = error::Error::Usage(first_line(&e.to_string()));
+    let e = error::Error::Usage(naming_the_variable(&e, args));
     // The command line did not say how to log: the defaults, so that the journal gets it too.
     log::init(&cli::LogArgs::default());
     log::end(&e, false);
     Exit::Code(e.code(ExitCodes::default()))
+}
+
+/// clap's message as one line, under the variable's name when the bad value came from the
+/// environment: clap names the flag (`--log-format`) even when the user never typed it.
+fn naming_the_variable(e: &clap::Error, args: &[OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let line = first_line(&e.to_string());
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return line;
+    };
+    // `arg` is as clap prints it: "--log-format <FORMAT>".
+    let flag = arg.split(' ').next().unwrap_or_default();
+    let Some(var) = flag.strip_prefix("--").and_then(variable_of) else {
+        return line;
+    };
+    let typed = args.iter().any(|a| {
+        let a = a.as_bytes();
+        a == flag.as_bytes() || (a.starts_with(flag.as_bytes()) && a.get(flag.len()) == Some(&b'='))
+    });
+    if typed || std::env::var_os(&var).is_none() {
+        return line;
+    }
+    format!("{var}: {}", line.replacen(&format!(" for '{arg}'"), "", 1))
+}
+
+/// The variable clap reads for the option `--long`, in any subcommand.
+fn variable_of(long: &str) -> Option<String> {
+    fn walk(cmd: &clap::Command, long: &str) -> Option<String> {
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long));
+        let env = arg.and_then(clap::Arg::get_env);
+        let found = env.map(|v| v.to_string_lossy().into_owned());
+        found.or_else(|| cmd.get_subcommands().find_map(|sub| walk(sub, long)))
+    }
+    walk(&<cli::Cli as clap::CommandFactory>::command(), long)
 }
 
 /// clap's message as one line: its first paragraph, which for "the following required arguments

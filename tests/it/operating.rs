@@ -611,3 +611,89 @@ fn with_stderr_the_journal_entries_are_native_with_priority_and_the_lease_s_fiel
         assert!(!message.starts_with("20"), "a timestamp of its own: {e}");
     }
 }
+
+#[test]
+fn a_bad_value_from_the_environment_is_reported_under_the_variable_s_name() {
+    let sb = Sandbox::new();
+    let run = |var: &str, value: &str| {
+        sb.leasewrap()
+            .name("env")
+            .env(var, value)
+            .cmd(&["true"])
+            .output()
+    };
+    for (var, value) in [("LEASEWRAP_LOG_FORMAT", "JSON"), ("LEASEWRAP_TTL", "ten")] {
+        let out = run(var, value);
+        assert_exit(&out, 64);
+        let want = format!("leasewrap: {var}: invalid value '{value}'");
+        assert!(out.stderr.starts_with(&want), "{var}: {}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+        assert!(!out.stderr.contains("--"), "names a flag: {}", out.stderr);
+    }
+    let put = Leasewrap::subcommand("fenced-write")
+        .env("LEASEWRAP_FENCING_TOKEN", "x1")
+        .args(&[sb.path("dest")])
+        .stdin("data")
+        .output();
+    assert_exit(&put, 64);
+    assert!(
+        put.stderr
+            .starts_with("leasewrap: LEASEWRAP_FENCING_TOKEN: invalid value 'x1'"),
+        "{}",
+        put.stderr
+    );
+    // Typed as a flag, it is the flag that is named, even with the variable set too.
+    let typed = sb
+        .leasewrap()
+        .name("env")
+        .env("LEASEWRAP_LOG_FORMAT", "json")
+        .args(&["--log-format", "JSON"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&typed, 64);
+    assert!(typed.stderr.contains("--log-format"), "{}", typed.stderr);
+}
+
+#[test]
+fn a_bad_leasewrap_log_warns_once_naming_it_and_the_default_applies() {
+    let sb = Sandbox::new();
+    let out = sb
+        .leasewrap()
+        .name("filter")
+        .env("LEASEWRAP_LOG", "verbose")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 0);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one warning, then the quiet default: {lines:?}"
+    );
+    assert!(lines[0].contains(" WARN "), "{}", lines[0]);
+    assert!(
+        lines[0].contains("LEASEWRAP_LOG: \"verbose\""),
+        "{}",
+        lines[0]
+    );
+    let verbose = sb
+        .leasewrap()
+        .name("filter")
+        .env("LEASEWRAP_LOG", "leasewrap=loud")
+        .args(&["-v"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&verbose, 0);
+    assert_eq!(
+        lines_at(&verbose.stderr, "WARN", "LEASEWRAP_LOG").len(),
+        1,
+        "{}",
+        verbose.stderr
+    );
+    assert_eq!(
+        lines_at(&verbose.stderr, "INFO", "acquired").len(),
+        1,
+        "-v applies: {}",
+        verbose.stderr
+    );
+}

@@ -227,7 +227,7 @@ fn main_page(cmd: &clap::Command) -> String {
         .items(leasewrap::error::EXIT_STATUS_TABLE)
         .para("leasewrap status has statuses of its own: see leasewrap-status(1).");
     s.heading("ENVIRONMENT")
-        .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself.")
+        .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself. A bad value in a variable is reported under the variable's name (LEASEWRAP_LOG_FORMAT: invalid value 'JSON' ...), not as the option it stands for.")
         .items(READ)
         .para("COMMAND gets leasewrap's environment less every variable whose name ends in _PASSWORD, the password part of a USER:PASSWORD in LEASEWRAP_USER or ETCDCTL_USER, and NOTIFY_SOCKET, plus:")
         .items(GIVEN)
