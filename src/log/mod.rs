@@ -81,8 +81,9 @@ pub fn init(args: &LogArgs) {
         LogFormat::Json => registry.with(fmt.json().flatten_event(true)).init(),
     }
     if let Some(text) = bad {
+        let text = crate::status::printable(&text);
         tracing::warn!(
-            "{FILTER_VAR}: {text:?} is not a filter (write a level like debug, or target=level directives like leasewrap=debug,h2=info); using the default, {default}"
+            "{FILTER_VAR}: \"{text}\" is not a filter (write a level like debug, or target=level directives like leasewrap=debug,h2=info); using the default, {default}"
         );
     }
 }

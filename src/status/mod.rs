@@ -240,7 +240,7 @@ fn row(l: &LeaseStatus) -> [String; 8] {
 /// `text` with every character that does not print as itself (controls, escape sequences, bidi
 /// and other format characters) written as `\u{..}`: a name from a directory listing or a
 /// holder record never drives the terminal.
-fn printable(text: &str) -> String {
+pub(crate) fn printable(text: &str) -> String {
     let shows_as_itself = |c: char| matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1;
     text.chars()
         .map(|c| {
