@@ -697,3 +697,29 @@ fn a_bad_leasewrap_log_warns_once_naming_it_and_the_default_applies() {
         verbose.stderr
     );
 }
+
+#[test]
+fn a_bad_dial_timeout_or_tls_file_from_the_environment_is_reported_under_the_variable_s_name() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-such-ca.pem");
+    for (var, value, code) in [
+        ("LEASEWRAP_DIAL_TIMEOUT", "soon", 64),
+        ("ETCDCTL_DIAL_TIMEOUT", "0s", 64),
+        ("ETCDCTL_CACERT", missing.to_str().unwrap(), 78),
+    ] {
+        let out = sb
+            .leasewrap()
+            .on_etcd("http://127.0.0.1:1", "lw/")
+            .name("env")
+            .env(var, value)
+            .cmd(&["true"])
+            .output();
+        assert_exit(&out, code);
+        assert!(
+            out.stderr.starts_with(&format!("leasewrap: {var}")),
+            "{var}: {}",
+            out.stderr
+        );
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    }
+}
