@@ -542,10 +542,16 @@ fn with_stderr_the_journal_and_no_journald_lines_carry_priority_prefixes_and_no_
     let sb = Sandbox::new();
     let out = with_private_run(
         &sb,
-        "lw --name demo -- true; lw --name demo -- leasewrap-test-no-such-command; echo $?",
+        "lw --name demo -- true; lw --name demo -- leasewrap-test-no-such-command; echo $?\n\
+         lw --ttl 0s --name demo -- true; echo $?",
     );
-    assert_eq!(out.stdout, "127\n", "{}", out.context());
-    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(out.stdout, "127\n64\n", "{}", out.context());
+    let mut lines: Vec<&str> = out.stderr.lines().collect();
+    let usage = lines.pop().unwrap_or_default();
+    assert!(
+        usage.starts_with("<3>invalid value '0s'"),
+        "a usage error: {usage}"
+    );
     let dir = sb.state();
     let want = [
         format!(
