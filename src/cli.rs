@@ -300,7 +300,7 @@ pub struct LogArgs {
     #[arg(short = 'q', long, conflicts_with = "verbose")]
     pub quiet: bool,
 
-    /// Log more (twice: everything)
+    /// Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything
     #[arg(short = 'v', long, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
@@ -325,7 +325,7 @@ pub const SECURITY_NOTES: &[(&str, &str)] = &[
     ),
     (
         "Passwords",
-        "They never reach the child's environment and leave leasewrap's own once read. leasewrap and the watchdog are not dumpable (PR_SET_DUMPABLE 0): no other process of the same user, the child included, can read their /proc/PID/environ or trace them. A warning comes for --user NAME:PASSWORD on the command line (world-readable in /proc/PID/cmdline) and for a password file group or others may read.",
+        "They never reach the child's environment and leave leasewrap's own once read. leasewrap and the watchdog are not dumpable (PR_SET_DUMPABLE 0): no other process of the same user, the child included, can read their /proc/PID/environ or trace them, and once read, the passwords of the environment leasewrap was started with (every *_PASSWORD, and the password of a USER:PASSWORD in LEASEWRAP_USER or ETCDCTL_USER) are overwritten with * where /proc/PID/environ reads them, so that not even root sees them there, in leasewrap or in the watchdog. A warning comes for --user NAME:PASSWORD on the command line (world-readable in /proc/PID/cmdline) and for a password file group or others may read.",
     ),
     (
         "State directory",

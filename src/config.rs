@@ -96,7 +96,27 @@ pub fn process_env(key: &str) -> Option<String> {
 /// First variable of `keys` that is set and not empty. (Only LEASEWRAP_PREFIX, read directly, is
 /// meaningful when empty: `--prefix ''` passes on to a child's nested leasewrap.)
 fn first(env: Env, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| env(k).filter(|v| !v.is_empty()))
+    first_named(env, keys).map(|(_, v)| v)
+}
+
+/// [`first`], with the variable's name, which messages about its value give.
+fn first_named<'k>(env: Env, keys: &[&'k str]) -> Option<(&'k str, String)> {
+    keys.iter()
+        .find_map(|k| env(k).filter(|v| !v.is_empty()).map(|v| (*k, v)))
+}
+
+/// A file an option names: from its `flag`, else from the first of `keys` that is set, with
+/// the name of the one it came from (`--cacert`, `ETCDCTL_CACERT`) for messages.
+fn file_option<'k>(
+    given: &Option<PathBuf>,
+    flag: &'k str,
+    env: Env,
+    keys: &[&'k str],
+) -> Option<(&'k str, PathBuf)> {
+    match given {
+        Some(path) => Some((flag, path.clone())),
+        None => first_named(env, keys).map(|(key, path)| (key, PathBuf::from(path))),
+    }
 }
 
 impl Config {
@@ -388,15 +408,14 @@ fn etcd_config(urls: &str, conn: &ConnArgs, env: Env) -> Result<EtcdConfig, Erro
 }
 
 fn dial_timeout(conn: &ConnArgs, env: Env) -> Result<Duration, Error> {
-    let dial = conn
-        .dial_timeout
-        .clone()
-        .or_else(|| first(env, &["LEASEWRAP_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"]));
+    let keys = ["LEASEWRAP_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"];
+    let given = conn.dial_timeout.clone().map(|d| ("--dial-timeout", d));
+    let dial = given.or_else(|| first_named(env, &keys));
     match dial {
-        Some(d) => match parse_duration(&d) {
+        Some((from, d)) => match parse_duration(&d) {
             Ok(d) if !d.is_zero() => Ok(d),
-            Ok(_) => Err(Error::Usage("--dial-timeout must be more than zero".into())),
-            Err(e) => Err(Error::Usage(format!("--dial-timeout: {e}"))),
+            Ok(_) => Err(Error::Usage(format!("{from} must be more than zero"))),
+            Err(e) => Err(Error::Usage(format!("{from}: {e}"))),
         },
         None => Ok(Duration::from_secs(2)),
     }
@@ -407,19 +426,19 @@ type Identity = (Vec<u8>, Vec<u8>);
 
 /// The CA bundle and the client certificate and key, read now.
 fn tls_files(conn: &ConnArgs, env: Env) -> Result<(Option<Vec<u8>>, Option<Identity>), Error> {
-    let path = |flag: &Option<PathBuf>, keys: &[&str]| {
-        flag.clone().or_else(|| first(env, keys).map(PathBuf::from))
-    };
-    let ca = path(&conn.cacert, &["LEASEWRAP_CACERT", "ETCDCTL_CACERT"])
-        .map(|p| read_config_file(&p, "--cacert"))
-        .transpose()?;
-    let cert = path(&conn.cert, &["LEASEWRAP_CERT", "ETCDCTL_CERT"]);
-    let key = path(&conn.key, &["LEASEWRAP_KEY_FILE", "ETCDCTL_KEY"]);
+    let path = |given, flag, keys| file_option(given, flag, env, keys);
+    let read = |(from, p): (&str, PathBuf)| read_config_file(&p, from);
+    let ca = path(
+        &conn.cacert,
+        "--cacert",
+        &["LEASEWRAP_CACERT", "ETCDCTL_CACERT"],
+    )
+    .map(read)
+    .transpose()?;
+    let cert = path(&conn.cert, "--cert", &["LEASEWRAP_CERT", "ETCDCTL_CERT"]);
+    let key = path(&conn.key, "--key", &["LEASEWRAP_KEY_FILE", "ETCDCTL_KEY"]);
     let identity = match (cert, key) {
-        (Some(c), Some(k)) => Some((
-            read_config_file(&c, "--cert")?,
-            read_config_file(&k, "--key")?,
-        )),
+        (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
         (None, None) => None,
         _ => {
             return Err(Error::Usage(
@@ -503,17 +522,14 @@ fn auth(conn: &ConnArgs, env: Env) -> Result<Option<(String, String)>, Error> {
 
 /// The first line of the password file, if one is named; a warning when others may read it.
 fn password_file(conn: &ConnArgs, env: Env) -> Result<Option<String>, Error> {
-    let Some(path) = conn
-        .password_file
-        .clone()
-        .or_else(|| first(env, &["LEASEWRAP_PASSWORD_FILE"]).map(PathBuf::from))
-    else {
+    let keys = ["LEASEWRAP_PASSWORD_FILE"];
+    let Some((from, path)) = file_option(&conn.password_file, "--password-file", env, &keys) else {
         return Ok(None);
     };
-    let (text, mode) = read_config_file_mode(&path, "--password-file")?;
+    let (text, mode) = read_config_file_mode(&path, from)?;
     if mode & 0o077 != 0 {
         tracing::warn!(
-            "--password-file {}: group or others may read it (mode {:o}): chmod go= it",
+            "{from} {}: group or others may read it (mode {:o}): chmod go= it",
             path.display(),
             mode & 0o7777
         );

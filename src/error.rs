@@ -33,9 +33,11 @@ pub enum Error {
     WaitTimedOut { name: String, waited: String },
     #[error("lease {name:?} was lost ({why}); the child was stopped")]
     Lost { name: String, why: String },
-    #[error("etcd is unreachable: {0}")]
+    /// Says which endpoint and what failed, as in "etcd at 127.0.0.1:1: connection refused".
+    #[error("{0}")]
     Unavailable(String),
-    #[error("etcd refused the credentials: {0}")]
+    /// Says what was refused: the credentials, or the TLS handshake with which endpoint.
+    #[error("{0}")]
     Auth(String),
     #[error("{}: command not found", .0.display())]
     NotFound(PathBuf),
@@ -121,7 +123,10 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
         "75",
         "the lease is held (--no-wait) or the wait ran out (--wait), or with --once KEY is done or given up (--max-attempts): nothing was started; --conflict-exit-code changes it",
     ),
-    ("77", "etcd refused the authentication or the TLS handshake"),
+    (
+        "77",
+        "etcd refused the authentication or the TLS handshake failed (a certificate not accepted, or an https:// endpoint whose server does not speak TLS)",
+    ),
     (
         "78",
         "bad configuration: a certificate or password file is unreadable, or the local directory, a lock, token or fence file, a run record or its folder cannot be made or opened, or is refused (a symbolic link, a FIFO, another user's, writable by others, not one plain token, or a run record that is foreign or damaged)",

@@ -218,7 +218,11 @@ impl Target {
                 Exit::Signal(sig) => crate::error::signal_status(sig as i32),
             };
             let dest = self.dest();
-            tracing::error!(dest = %dest.display(), "COMMAND ended with {code}; DEST was left as it was");
+            let why = format!(
+                "COMMAND ended with {code}; {} was left as it was",
+                dest.display()
+            );
+            crate::log::end(&why, false);
             return Ok(Err(code));
         }
         temp.file

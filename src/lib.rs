@@ -34,7 +34,8 @@
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
 //! - `files`: opening leasewrap's small files with no links, FIFOs or foreign files followed.
 //! - `notify`: sd_notify messages for systemd.
-//! - `log`: tracing on stderr.
+//! - `log`: tracing on stderr; quiet success; the bare line that says why a run ended.
+//! - `log::journal`: native journal entries when stderr is the journal.
 //! - `usage`: bad usage in one line: clap's errors rephrased to say what to do.
 
 pub mod cli;
@@ -114,9 +115,12 @@ fn unset_empty_clap_variables() {
 }
 
 /// Once read, the passwords leave our own environment (a USER:PASSWORD keeps its user), so
-/// that nothing of ours passes them on. /proc/PID/environ still shows the environment leasewrap
-/// was started with: PR_SET_DUMPABLE keeps it from other processes of the same user.
+/// that nothing of ours passes them on, and their bytes are overwritten where
+/// /proc/PID/environ reads them: the environment block leasewrap was started with, which the
+/// watchdog, forked later, copies. PR_SET_DUMPABLE keeps that file from other processes of the
+/// same user; this keeps the passwords from root's `ps e` and from the watchdog's copy.
 fn forget_passwords() {
+    wipe_passwords_in_place();
     for key in config::PASSWORD_VARS {
         // Still single-threaded: nothing else reads the environment concurrently.
         std::env::remove_var(key);
@@ -128,6 +132,42 @@ fn forget_passwords() {
     }
 }
 
+/// Overwrite the password bytes of every `environ` string, in place. The strings leasewrap
+/// started with are those of the block between the kernel's env_start and env_end, which
+/// /proc/PID/environ reads (prctl PR_SET_MM_ENV_* would need CAP_SYS_RESOURCE); std keeps no
+/// copy of its own, and what setenv added since is overwritten just the same.
+fn wipe_passwords_in_place() {
+    // SAFETY: still single-threaded, so nothing reads or changes the environment meanwhile.
+    // `environ` is a NULL-terminated array of NUL-terminated, writable strings; each is
+    // overwritten within its own length, and no pointer in the array is changed.
+    unsafe {
+        let mut entry = libc::environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let len = libc::strlen(*entry);
+            let bytes = std::slice::from_raw_parts_mut((*entry).cast::<u8>(), len);
+            if let Some(secret) = secret_of(bytes) {
+                bytes[secret].fill(b'*');
+            }
+            entry = entry.add(1);
+        }
+    }
+}
+
+/// Where the password is in a `KEY=VALUE` string: all of the value of a `*_PASSWORD`, what
+/// follows the first ':' of LEASEWRAP_USER or ETCDCTL_USER.
+fn secret_of(entry: &[u8]) -> Option<std::ops::Range<usize>> {
+    let eq = entry.iter().position(|b| *b == b'=')?;
+    let (key, value) = (&entry[..eq], eq + 1..entry.len());
+    if key.ends_with(b"_PASSWORD") {
+        return Some(value);
+    }
+    if !config::USER_VARS.iter().any(|u| u.as_bytes() == key) {
+        return None;
+    }
+    let colon = entry[value.clone()].iter().position(|b| *b == b':')?;
+    Some(value.start + colon + 1..value.end)
+}
+
 fn run_command(args: &cli::RunArgs) -> Exit {
     log::init(&args.log);
     let cfg = match Config::from_args(args, &process_env) {
@@ -135,6 +175,7 @@ fn run_command(args: &cli::RunArgs) -> Exit {
         Err(e) => return fail(e, ExitCodes::default()),
     };
     forget_passwords();
+    log::note(Some(&cfg.name), None, None);
     match run::run(&cfg) {
         Ok(exit) => exit,
         Err(e) => fail(e, cfg.codes),
@@ -167,10 +208,49 @@ fn usage_error(e: clap::Error, args: &[OsString]) -> Exit {
         let _ = e.print();
         return Exit::Code(0);
     }
-    let line = usage::line(&e, args).unwrap_or_else(|| first_line(&e.to_string()));
+    let line = from_a_variable(&e, args)
+        .or_else(|| usage::line(&e, args))
+        .unwrap_or_else(|| first_line(&e.to_string()));
     let e = error::Error::Usage(line);
-    eprintln!("leasewrap: {e}");
+    // The command line did not say how to log: the defaults, so that the journal gets it too.
+    log::init(&cli::LogArgs::default());
+    log::end(&e, false);
     Exit::Code(e.code(ExitCodes::default()))
+}
+
+/// clap's message as one line under the variable's name, when the bad value came from the
+/// environment: clap names the flag (`--log-format`) even when the user never typed it.
+fn from_a_variable(e: &clap::Error, args: &[OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    // `arg` is as clap prints it: "--log-format <FORMAT>".
+    let flag = arg.split(' ').next().unwrap_or_default();
+    let var = flag.strip_prefix("--").and_then(variable_of)?;
+    let typed = args.iter().any(|a| {
+        let a = a.as_bytes();
+        a == flag.as_bytes() || (a.starts_with(flag.as_bytes()) && a.get(flag.len()) == Some(&b'='))
+    });
+    if typed || std::env::var_os(&var).is_none() {
+        return None;
+    }
+    let line = first_line(&e.to_string());
+    Some(format!(
+        "{var}: {}",
+        line.replacen(&format!(" for '{arg}'"), "", 1)
+    ))
+}
+
+/// The variable clap reads for the option `--long`, in any subcommand.
+fn variable_of(long: &str) -> Option<String> {
+    fn walk(cmd: &clap::Command, long: &str) -> Option<String> {
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long));
+        let env = arg.and_then(clap::Arg::get_env);
+        let found = env.map(|v| v.to_string_lossy().into_owned());
+        found.or_else(|| cmd.get_subcommands().find_map(|sub| walk(sub, long)))
+    }
+    walk(&<cli::Cli as clap::CommandFactory>::command(), long)
 }
 
 /// clap's message as one line: its first paragraph, which for "the following required arguments
@@ -189,13 +269,9 @@ fn first_line(text: &str) -> String {
 }
 
 fn fail(e: error::Error, codes: ExitCodes) -> Exit {
-    // A lost lease was logged, with its token, when it was noticed. A skip (the lease held, or
-    // KEY done) is what a fleet does every night: not an error, so `-q -E 0` stays silent.
-    if e.is_skip() {
-        tracing::warn!("{e}");
-    } else if !matches!(e, error::Error::Lost { .. }) {
-        tracing::error!("{e}");
-    }
+    // A skip (the lease held, or KEY done) is what a fleet does every night: not an error, and
+    // as quiet as a success. A lost lease was also logged, with its token, when it was noticed.
+    log::end(&e, e.is_skip());
     Exit::Code(e.code(codes))
 }
 
@@ -264,6 +340,20 @@ mod tests {
                 "lib.rs's `//! # Layout` does not name {module}"
             );
         }
+    }
+
+    #[test]
+    fn the_secret_of_an_environment_string_is_a_password_s_value_or_after_user_colon() {
+        fn secret(e: &str) -> Option<&str> {
+            super::secret_of(e.as_bytes()).map(|r| &e[r])
+        }
+        assert_eq!(secret("LEASEWRAP_PASSWORD=s3cret"), Some("s3cret"));
+        assert_eq!(secret("MYSQL_PASSWORD=a=b"), Some("a=b"));
+        assert_eq!(secret("ETCDCTL_USER=alice:pa:ss"), Some("pa:ss"));
+        assert_eq!(secret("LEASEWRAP_USER=alice"), None);
+        assert_eq!(secret("OTHER_USER=alice:x"), None);
+        assert_eq!(secret("PASSWORD_HINT=x"), None);
+        assert_eq!(secret("NOEQUALS"), None);
     }
 
     #[test]

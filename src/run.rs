@@ -144,6 +144,7 @@ async fn run_in(
         None => take_and_start(cfg, book, &mut sup, &mut signals).await?,
     };
     book.child_started(&held);
+    crate::log::note(None, Some(held.token), None);
     info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, notifier).await;
     let outcome = book.after_run(&held, outcome).await;

@@ -53,7 +53,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l log-format -d 'Log 
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s n -l no-wait -d 'Fail at once if the lease is held'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s q -l quiet -d 'Log errors only'
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -s v -l verbose -d 'Log more (twice: everything)'
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -s v -l verbose -d 'Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s V -l version -d 'Print version'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "status" -d 'Who holds NAME (or every lease under the prefix): holder, token, time left, waiters'
@@ -75,13 +75,13 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l log-forma
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l json -d 'Print JSON for scripts'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s q -l quiet -d 'Log errors only'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s v -l verbose -d 'Log more (twice: everything)'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s v -l verbose -d 'Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -s h -l help -d 'Print help'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s q -l quiet -d 'Log errors only'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s v -l verbose -d 'Log more (twice: everything)'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s v -l verbose -d 'Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l lock-key -d 'The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY, which leasewrap sets for its child]' -r
@@ -96,5 +96,5 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l log-f
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpoints -d 'etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s q -l quiet -d 'Log errors only'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s v -l verbose -d 'Log more (twice: everything)'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s v -l verbose -d 'Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(2);
 const TTL_ARG: &str = "2s";
 
 /// `--ttl 2s`, and debug logs, which a failing fault test shows with leasewrap's stderr.
-const FAULT_ARGS: [&str; 3] = ["--ttl", TTL_ARG, "-v"];
+const FAULT_ARGS: [&str; 3] = ["--ttl", TTL_ARG, "-vv"];
 
 /// Lease "job" under `prefix` through `endpoint`, with the fault tests' timing.
 fn fault_job(endpoint: &str, prefix: &str) -> Leasewrap {
@@ -1222,6 +1222,9 @@ fn unreachable_endpoint_exits_69_within_the_dial_timeout_and_runs_nothing() {
             .output();
         assert_exit(&out, 69);
         assert!(!ran.exists(), "{what}: the command ran");
+        for internals in ["tonic", "hyper", "ConnectError", "Os {"] {
+            assert!(!out.stderr.contains(internals), "{what}: {}", out.stderr);
+        }
         assert!(
             out.elapsed < Duration::from_secs(2),
             "{what}: took {:?} with --dial-timeout 1s",
@@ -1229,6 +1232,36 @@ fn unreachable_endpoint_exits_69_within_the_dial_timeout_and_runs_nothing() {
         );
     }
     drop(silent);
+}
+
+#[test]
+fn a_refused_connection_is_one_line_in_words_naming_the_endpoint_and_exits_69() {
+    let out = Leasewrap::new()
+        .on_etcd("http://127.0.0.1:1", "lw/")
+        .name("job")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 69);
+    assert_eq!(
+        out.stderr,
+        "leasewrap: etcd at 127.0.0.1:1: connection refused\n"
+    );
+}
+
+on_both_versions!(https_to_a_plain_http_etcd_is_a_failed_tls_handshake_and_exits_77);
+fn https_to_a_plain_http_etcd_is_a_failed_tls_handshake_and_exits_77(v: Version) {
+    let plain = etcd::shared(v).endpoint();
+    let at = plain.trim_start_matches("http://");
+    let out = Leasewrap::new()
+        .on_etcd(&format!("https://{at}"), "lw/")
+        .name("job")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 77);
+    assert_eq!(
+        out.stderr,
+        format!("leasewrap: TLS handshake with {at} failed: the server does not speak TLS?\n")
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

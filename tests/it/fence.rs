@@ -1059,7 +1059,7 @@ impl Faked {
             "2s",
             "--name",
             "report",
-            "-v",
+            "-vv",
             "--log-format",
             "json",
             "-c",

@@ -1,11 +1,13 @@
 //! Black-box tests of what an operator sees: `leasewrap status` on both backends (etcd 3.4 and
-//! 3.5), the sd_notify messages systemd receives, and JSON log lines.
+//! 3.5), the sd_notify messages systemd receives, and log lines: quiet on success, JSON, the
+//! journal's entries, and errors that end a run.
 //!
 //! Holders are real leasewrap runs whose child waits for a release file; every wait polls an
 //! observable event with a bound.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
+use std::process::Command;
 
 use crate::support::etcd::{self, Version};
 use crate::support::*;
@@ -261,7 +263,10 @@ fn status_exits_69_when_etcd_is_unreachable_and_64_for_a_bad_name() {
     };
     let (code, _, stderr) = dead.status(&["--dial-timeout", "300ms", "job"]);
     assert_eq!(code, 69, "{stderr}");
-    assert!(stderr.contains("unreachable"), "{stderr}");
+    assert!(
+        stderr.contains("etcd at 127.0.0.1:1: connection refused"),
+        "{stderr}"
+    );
     let sb = Sandbox::new();
     let (code, _, stderr) = Store::Local(sb.state()).status(&["a/b"]);
     assert_eq!(code, 64, "{stderr}");
@@ -344,7 +349,7 @@ fn log_line(stderr: &str, message: &str) -> Value {
 fn json_logs_carry_name_and_token(store: &Store) {
     let out = store
         .leasewrap("logged")
-        .args(&["--log-format", "json"])
+        .args(&["--log-format", "json", "-v"])
         .cmd(&["sh", "-c", "echo $LEASEWRAP_FENCING_TOKEN"])
         .output();
     assert_exit(&out, 0);
@@ -380,4 +385,336 @@ fn json_log_format_also_comes_from_the_environment_and_errors_are_json_too() {
         "leasewrap-test-no-such-command: command not found",
     );
     assert_eq!(line["level"], "ERROR", "{line}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logs (docs/operating.md "Logs").
+
+/// The lines of `stderr` at `level` (text format) that contain `message`.
+fn lines_at<'a>(stderr: &'a str, level: &str, message: &str) -> Vec<&'a str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(&format!(" {level} ")) && l.contains(message))
+        .collect()
+}
+
+#[test]
+fn an_error_that_ends_the_run_is_one_bare_leasewrap_line() {
+    let sb = Sandbox::new();
+    let missing = sb
+        .leasewrap()
+        .name("missing")
+        .cmd(&["leasewrap-test-no-such-command"])
+        .output();
+    assert_exit(&missing, 127);
+    assert_eq!(
+        missing.stderr,
+        "leasewrap: leasewrap-test-no-such-command: command not found\n"
+    );
+}
+
+#[test]
+fn a_successful_run_prints_nothing_on_stderr_and_v_brings_the_info_lines_back() {
+    let sb = Sandbox::new();
+    let quiet = sb.leasewrap().name("silent").cmd(&["true"]).output();
+    assert_exit(&quiet, 0);
+    assert_eq!(quiet.stderr, "", "a successful run wrote on stderr");
+
+    let verbose = sb
+        .leasewrap()
+        .name("silent")
+        .args(&["-v"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&verbose, 0);
+    let first = verbose.stderr.lines().next().unwrap_or_default();
+    assert_eq!(
+        lines_at(first, "INFO", "using the local backend").len(),
+        1,
+        "the first line says the local backend is used:\n{}",
+        verbose.stderr
+    );
+    for message in ["acquired", "released"] {
+        let found = lines_at(&verbose.stderr, "INFO", message);
+        assert_eq!(found.len(), 1, "{message}:\n{}", verbose.stderr);
+        assert!(found[0].contains("token=2"), "{}", found[0]);
+    }
+}
+
+#[test]
+fn a_held_lease_is_quiet_unless_v_and_q_still_shows_the_error_that_ends_the_run() {
+    let sb = Sandbox::new();
+    let holder = hold(&sb, &Store::Local(sb.state()), "busy");
+    let skipped = sb
+        .leasewrap()
+        .name("busy")
+        .args(&["-n"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&skipped, 75);
+    assert_eq!(skipped.stderr, "", "a skip was not quiet by default");
+    let shown = sb
+        .leasewrap()
+        .name("busy")
+        .args(&["-n", "-v"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&shown, 75);
+    assert!(
+        shown
+            .stderr
+            .contains("leasewrap: lease \"busy\" is held by another process"),
+        "{}",
+        shown.stderr
+    );
+    holder.finish();
+    let missing = sb
+        .leasewrap()
+        .name("missing")
+        .args(&["-q"])
+        .cmd(&["leasewrap-test-no-such-command"])
+        .output();
+    assert_exit(&missing, 127);
+    assert!(
+        missing.stderr.contains("command not found"),
+        "{}",
+        missing.stderr
+    );
+}
+
+#[test]
+fn the_waiter_s_line_says_its_number_is_the_token_it_gets_once_acquired() {
+    let sb = Sandbox::new();
+    let store = Store::etcd(Version::V3_5, "waiter_line");
+    let holder = hold(&sb, &store, "queued");
+    let waiter = store
+        .leasewrap("queued")
+        .args(&["-v", "-w", "300ms"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&waiter, 75);
+    let line = lines_at(&waiter.stderr, "INFO", "waiting for the lease");
+    assert_eq!(line.len(), 1, "{}", waiter.stderr);
+    assert!(line[0].contains("token_once_acquired="), "{}", line[0]);
+    assert!(
+        !line[0].contains(" token="),
+        "reads as the holder's token: {}",
+        line[0]
+    );
+    holder.finish();
+}
+
+/// Runs `script` by sh in a mount namespace of its own whose /run (and /var/log/journal) is an
+/// empty tmpfs, so that no journald but the script's own can be reached. In it `lw ARGS...`
+/// runs leasewrap on the sandbox's state directory with JOURNAL_STREAM naming its stderr.
+#[track_caller]
+fn with_private_run(sb: &Sandbox, script: &str) -> Output {
+    let setup = "mount -t tmpfs tmpfs /run || exit 90\n\
+                 mount -t tmpfs tmpfs /var/log/journal 2>/dev/null\n\
+                 lw() { JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) \"$LW\" --local-dir \"$DIR\" \"$@\"; }\n";
+    let mut command = Command::new("unshare");
+    command.args(["-m", "sh", "-c", &format!("{setup}{script}")]);
+    clean_env(&mut command);
+    command.env("LW", BIN).env("DIR", sb.state());
+    let out = run_bounded(command, 2 * RUN_BOUND);
+    assert_ne!(
+        out.status.code(),
+        Some(90),
+        "unshare -m and a tmpfs on /run are needed (run as root){}",
+        out.context()
+    );
+    out
+}
+
+#[test]
+fn with_stderr_the_journal_and_no_journald_lines_carry_priority_prefixes_and_no_timestamp() {
+    let sb = Sandbox::new();
+    let out = with_private_run(
+        &sb,
+        "lw --name demo -- true; lw --name demo -- leasewrap-test-no-such-command; echo $?\n\
+         lw --ttl 0s --name demo -- true; echo $?",
+    );
+    assert_eq!(out.stdout, "127\n64\n", "{}", out.context());
+    let mut lines: Vec<&str> = out.stderr.lines().collect();
+    let usage = lines.pop().unwrap_or_default();
+    assert!(
+        usage.starts_with("<3>--ttl: \"0s\""),
+        "a usage error: {usage}"
+    );
+    let dir = sb.state();
+    let want = [
+        format!(
+            "<6>using the local backend (no etcd endpoints configured) dir={}",
+            dir.display()
+        ),
+        "<6>acquired name=demo token=1".to_owned(),
+        "<6>released name=demo token=1".to_owned(),
+        // COMMAND is looked up before the backend is chosen.
+        "<3>leasewrap-test-no-such-command: command not found".to_owned(),
+    ];
+    assert_eq!(
+        lines, want,
+        "the default on the journal is INFO; no timestamps"
+    );
+}
+
+/// The script's part that starts systemd-journald and waits (bounded) for its socket.
+const JOURNALD: &str = "mkdir -p /run/systemd/journal\n\
+    /lib/systemd/systemd-journald & jd=$!\n\
+    trap 'kill $jd' EXIT\n\
+    n=0; until [ -S /run/systemd/journal/socket ]; do n=$((n+1)); [ $n -lt 1000 ] || exit 91; sleep 0.01; done\n";
+
+/// Polls journalctl (bounded) until an entry says `last`, then prints leasewrap's entries as
+/// JSON, one a line.
+const READ_BACK: &str = "n=0; until journalctl -D /run/log/journal -o cat SYSLOG_IDENTIFIER=leasewrap | grep -q \"$LAST\"; do\n\
+    n=$((n+1)); [ $n -lt 1000 ] || exit 92; sleep 0.01; done\n\
+    journalctl -D /run/log/journal -o json SYSLOG_IDENTIFIER=leasewrap\n";
+
+#[test]
+fn with_stderr_the_journal_entries_are_native_with_priority_and_the_lease_s_fields() {
+    let sb = Sandbox::new();
+    let script = format!(
+        "{JOURNALD}lw --name demo -- true\n\
+         LAST='command not found'; lw --name demo -- leasewrap-test-no-such-command\n{READ_BACK}"
+    );
+    let out = with_private_run(&sb, &script);
+    assert_exit(&out, 0);
+    assert_eq!(out.stderr, "", "entries went to the journal, not to stderr");
+    let entries: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let entry = |message: &str| {
+        let found = entries.iter().find(|e| e["MESSAGE"] == message);
+        found
+            .unwrap_or_else(|| panic!("no {message:?} entry in {entries:#?}"))
+            .clone()
+    };
+    let acquired = entry("acquired name=demo token=1");
+    assert_eq!(acquired["PRIORITY"], "6", "{acquired}");
+    assert_eq!(acquired["LEASEWRAP_NAME"], "demo", "{acquired}");
+    assert_eq!(acquired["LEASEWRAP_FENCING_TOKEN"], "1", "{acquired}");
+    let error = entry("leasewrap-test-no-such-command: command not found");
+    assert_eq!(error["PRIORITY"], "3", "{error}");
+    assert_eq!(
+        error["LEASEWRAP_NAME"], "demo",
+        "the run's name on its last entry: {error}"
+    );
+    for e in &entries {
+        let message = e["MESSAGE"].as_str().unwrap_or_default();
+        assert!(!message.starts_with("20"), "a timestamp of its own: {e}");
+    }
+}
+
+#[test]
+fn a_bad_value_from_the_environment_is_reported_under_the_variable_s_name() {
+    let sb = Sandbox::new();
+    let run = |var: &str, value: &str| {
+        sb.leasewrap()
+            .name("env")
+            .env(var, value)
+            .cmd(&["true"])
+            .output()
+    };
+    for (var, value) in [("LEASEWRAP_LOG_FORMAT", "JSON"), ("LEASEWRAP_TTL", "ten")] {
+        let out = run(var, value);
+        assert_exit(&out, 64);
+        let want = format!("leasewrap: {var}: invalid value '{value}'");
+        assert!(out.stderr.starts_with(&want), "{var}: {}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+        assert!(!out.stderr.contains("--"), "names a flag: {}", out.stderr);
+    }
+    let put = Leasewrap::subcommand("fenced-write")
+        .env("LEASEWRAP_FENCING_TOKEN", "x1")
+        .args(&[sb.path("dest")])
+        .stdin("data")
+        .output();
+    assert_exit(&put, 64);
+    assert!(
+        put.stderr
+            .starts_with("leasewrap: LEASEWRAP_FENCING_TOKEN: invalid value 'x1'"),
+        "{}",
+        put.stderr
+    );
+    // Typed as a flag, it is the flag that is named, even with the variable set too.
+    let typed = sb
+        .leasewrap()
+        .name("env")
+        .env("LEASEWRAP_LOG_FORMAT", "json")
+        .args(&["--log-format", "JSON"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&typed, 64);
+    assert!(typed.stderr.contains("--log-format"), "{}", typed.stderr);
+}
+
+#[test]
+fn a_bad_leasewrap_log_warns_once_naming_it_and_the_default_applies() {
+    let sb = Sandbox::new();
+    let out = sb
+        .leasewrap()
+        .name("filter")
+        .env("LEASEWRAP_LOG", "verbose")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 0);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one warning, then the quiet default: {lines:?}"
+    );
+    assert!(lines[0].contains(" WARN "), "{}", lines[0]);
+    assert!(
+        lines[0].contains("LEASEWRAP_LOG: \"verbose\""),
+        "{}",
+        lines[0]
+    );
+    let verbose = sb
+        .leasewrap()
+        .name("filter")
+        .env("LEASEWRAP_LOG", "leasewrap=loud")
+        .args(&["-v"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&verbose, 0);
+    assert_eq!(
+        lines_at(&verbose.stderr, "WARN", "LEASEWRAP_LOG").len(),
+        1,
+        "{}",
+        verbose.stderr
+    );
+    assert_eq!(
+        lines_at(&verbose.stderr, "INFO", "acquired").len(),
+        1,
+        "-v applies: {}",
+        verbose.stderr
+    );
+}
+
+#[test]
+fn a_bad_dial_timeout_or_tls_file_from_the_environment_is_reported_under_the_variable_s_name() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-such-ca.pem");
+    for (var, value, code) in [
+        ("LEASEWRAP_DIAL_TIMEOUT", "soon", 64),
+        ("ETCDCTL_DIAL_TIMEOUT", "0s", 64),
+        ("ETCDCTL_CACERT", missing.to_str().unwrap(), 78),
+    ] {
+        let out = sb
+            .leasewrap()
+            .on_etcd("http://127.0.0.1:1", "lw/")
+            .name("env")
+            .env(var, value)
+            .cmd(&["true"])
+            .output();
+        assert_exit(&out, code);
+        assert!(
+            out.stderr.starts_with(&format!("leasewrap: {var}")),
+            "{var}: {}",
+            out.stderr
+        );
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    }
 }

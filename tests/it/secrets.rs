@@ -135,3 +135,39 @@ fn a_non_utf8_user_colon_password_loses_its_password_in_the_childs_environment()
         );
     }
 }
+
+/// The strings of /proc/`pid`/environ.
+#[track_caller]
+fn environ(pid: i32) -> Vec<String> {
+    let bytes = fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/environ (as root): {e}"));
+    bytes
+        .split(|b| *b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+#[test]
+fn proc_environ_of_leasewrap_and_the_watchdog_shows_no_password_even_to_root() {
+    let sb = Sandbox::new();
+    let lw = sb
+        .leasewrap()
+        .name("wiped")
+        .env("LEASEWRAP_PASSWORD", SECRET)
+        .env("ETCDCTL_PASSWORD", SECRET)
+        .env("MYSQL_PASSWORD", SECRET)
+        .env("LEASEWRAP_USER", format!("alice:{SECRET}"))
+        .env("ETCDCTL_USER", format!("bob:{SECRET}"));
+    let job = Job::hold(lw, &sb, "child");
+    let watchdog = ppid_of(job.child()).expect("the child's parent, the watchdog");
+    for (who, pid) in [("leasewrap", job.run.pid()), ("the watchdog", watchdog)] {
+        let env = environ(pid);
+        let leaked: Vec<&String> = env.iter().filter(|e| e.contains(SECRET)).collect();
+        assert!(leaked.is_empty(), "{who}'s /proc/PID/environ: {leaked:?}");
+        assert!(
+            env.iter().any(|e| e.starts_with("LEASEWRAP_USER=alice:")),
+            "{who}: the user is kept: {env:?}"
+        );
+    }
+    job.finish();
+}

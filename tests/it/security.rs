@@ -27,7 +27,11 @@ fn job(sb: &Sandbox) -> Leasewrap {
 #[track_caller]
 fn assert_refused(sb: &Sandbox, out: &Output, what: &str) {
     assert_exit(out, 78);
-    let errors: Vec<&str> = out.stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    let errors: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("leasewrap: "))
+        .collect();
     assert_eq!(errors.len(), 1, "one error line{}", out.context());
     assert!(errors[0].contains(what), "names {what}{}", out.context());
     assert!(!sb.path("ran").exists(), "the child ran{}", out.context());

@@ -4,7 +4,9 @@
 //! Failures are sorted by their type and gRPC code, never by their text: an answer etcd gives
 //! (a gRPC status) is final unless its code says the member could not serve it; a transport or
 //! I/O failure is one endpoint's and may be tried on another; a TLS failure anywhere in the
-//! cause chain is a refusal. Nothing here knows of leases or processes.
+//! cause chain is a refusal. Every failure is said in words, naming the endpoint ("etcd at
+//! 127.0.0.1:1: connection refused"), never as the libraries' Debug output. Nothing here knows
+//! of leases or processes.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -20,14 +22,37 @@ use tonic::Code;
 use crate::config::EtcdConfig;
 use crate::error::Error;
 
-/// A client and what sorting its failures needs: whether TLS is configured.
+/// A client and what sorting and saying its failures needs.
 #[derive(Clone)]
 pub struct Conn {
     client: Client,
-    /// A connection closed by the peer is a TLS refusal only when TLS is on.
-    tls: bool,
+    peer: Peer,
     /// Bound on each request ([`Conn::retrying`]): the dial timeout.
     within: Duration,
+}
+
+/// Who a client talks to, as its failures need it.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// A connection closed by the peer is a TLS refusal only when TLS is on.
+    tls: bool,
+    /// The endpoints as messages name them: `127.0.0.1:2379, 10.0.0.2:2379`.
+    at: String,
+}
+
+impl Peer {
+    fn of(endpoints: &[String]) -> Peer {
+        let bare = |u: &String| {
+            let u = u
+                .trim_start_matches("http://")
+                .trim_start_matches("https://");
+            u.trim_end_matches('/').to_owned()
+        };
+        Peer {
+            tls: endpoints.iter().any(|u| u.starts_with("https://")),
+            at: endpoints.iter().map(bare).collect::<Vec<_>>().join(", "),
+        }
+    }
 }
 
 impl Conn {
@@ -39,13 +64,13 @@ impl Conn {
 
     /// A client for these `endpoints` only, with the TLS, auth and dial settings of `cfg`.
     pub async fn dial_to(cfg: &EtcdConfig, endpoints: &[String]) -> Result<Conn, Error> {
-        let tls = endpoints.iter().any(|u| u.starts_with("https://"));
+        let peer = Peer::of(endpoints);
         let opts = connect_options(cfg);
         let connect = async { Client::connect(endpoints, Some(opts)).await };
-        let client = bounded(cfg.dial_timeout, tls, connect).await?;
+        let client = bounded(cfg.dial_timeout, &peer, connect).await?;
         Ok(Conn {
             client,
-            tls,
+            peer,
             within: cfg.dial_timeout,
         })
     }
@@ -64,7 +89,7 @@ impl Conn {
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        bounded(within, self.tls, request(self.client())).await
+        bounded(within, &self.peer, request(self.client())).await
     }
 
     /// [`Conn::retrying_within`] the dial timeout.
@@ -94,13 +119,13 @@ impl Conn {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) => e,
                 // Out of time: the last failure says more than the timeout does.
-                Err(_) => return Err(last.unwrap_or_else(|| no_answer(within))),
+                Err(_) => return Err(last.unwrap_or_else(|| no_answer(&self.peer, within))),
             };
-            let failure = Failure::of(&e, self.tls);
+            let failure = Failure::of(&e, self.peer.tls);
             if failure != Failure::Transient || left <= RETRY_PAUSE {
-                return Err(failure.into_error(&e));
+                return Err(failure.into_error(&e, &self.peer));
             }
-            last = Some(failure.into_error(&e));
+            last = Some(failure.into_error(&e, &self.peer));
             tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
@@ -182,18 +207,18 @@ fn connect_options(cfg: &EtcdConfig) -> ConnectOptions {
 
 async fn bounded<T>(
     within: Duration,
-    tls: bool,
+    peer: &Peer,
     request: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, Error> {
     match timeout(within, request).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(Failure::of(&e, tls).into_error(&e)),
-        Err(_) => Err(no_answer(within)),
+        Ok(Err(e)) => Err(Failure::of(&e, peer.tls).into_error(&e, peer)),
+        Err(_) => Err(no_answer(peer, within)),
     }
 }
 
-fn no_answer(within: Duration) -> Error {
-    Error::Unavailable(format!("no answer within {within:?}"))
+fn no_answer(peer: &Peer, within: Duration) -> Error {
+    Error::Unavailable(format!("etcd at {}: no answer within {within:?}", peer.at))
 }
 
 /// Pause between tries of a request that failed the way a dead endpoint fails.
@@ -216,14 +241,9 @@ impl Failure {
     /// after the handshake when it wants a client certificate and got none).
     pub fn of(e: &etcd_client::Error, tls: bool) -> Failure {
         use etcd_client::Error as E;
-        let inner: Option<&(dyn StdError + 'static)> = match e {
-            E::GRpcStatus(s) => Some(s),
-            E::TransportError(t) => Some(t),
-            E::IoError(io) => Some(io),
-            _ => None,
-        };
         let refused = |c: &(dyn StdError + 'static)| is_tls(c) || (tls && closed_by_peer(c));
-        if inner.is_some_and(|inner| causes(inner).any(refused)) {
+        if inner(e).is_some_and(|inner| causes(inner).any(refused) || (tls && handshake_cut(inner)))
+        {
             return Failure::Refused;
         }
         match e {
@@ -249,12 +269,100 @@ impl Failure {
         }
     }
 
-    fn into_error(self, e: &etcd_client::Error) -> Error {
+    fn into_error(self, e: &etcd_client::Error, peer: &Peer) -> Error {
+        let at = &peer.at;
         match self {
-            Failure::Refused => Error::Auth(e.to_string()),
-            Failure::Transient | Failure::Final => Error::Unavailable(e.to_string()),
+            Failure::Refused => Error::Auth(refusal(e, peer)),
+            Failure::Transient | Failure::Final => {
+                Error::Unavailable(format!("etcd at {at}: {}", in_words(e)))
+            }
         }
     }
+}
+
+/// The error under an etcd-client error: a gRPC status, a transport or an I/O error.
+fn inner(e: &etcd_client::Error) -> Option<&(dyn StdError + 'static)> {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => Some(s),
+        E::TransportError(t) => Some(t),
+        E::IoError(io) => Some(io),
+        _ => None,
+    }
+}
+
+/// A refusal (77) in words: which handshake failed and why, or what etcd said of the
+/// credentials.
+fn refusal(e: &etcd_client::Error, peer: &Peer) -> String {
+    let at = &peer.at;
+    let Some(inner) = inner(e) else {
+        return format!("etcd at {at} refused the credentials: {}", in_words(e));
+    };
+    if let Some(tls) = causes(inner).find_map(|c| c.downcast_ref::<rustls::Error>()) {
+        return format!("TLS handshake with {at} failed: {tls}");
+    }
+    if peer.tls && handshake_cut(inner) {
+        return format!("TLS handshake with {at} failed: the server does not speak TLS?");
+    }
+    if peer.tls && causes(inner).any(closed_by_peer) {
+        return format!(
+            "etcd at {at} closed the TLS connection: does it want a client certificate (--cert, --key)?"
+        );
+    }
+    format!("etcd at {at} refused the credentials: {}", in_words(e))
+}
+
+/// What went wrong, in words: the I/O failure or TLS error under it, or etcd's own message;
+/// never the libraries' Debug output.
+fn in_words(e: &etcd_client::Error) -> String {
+    if let Some(inner) = inner(e) {
+        if let Some(tls) = causes(inner).find_map(|c| c.downcast_ref::<rustls::Error>()) {
+            return format!("TLS: {tls}");
+        }
+        let io = causes(inner).filter_map(|c| c.downcast_ref::<std::io::Error>());
+        if let Some(io) = io.last() {
+            return io_words(io);
+        }
+        if causes(inner).any(closed_by_peer) {
+            return "the connection was closed".into();
+        }
+    }
+    match e {
+        etcd_client::Error::GRpcStatus(s) if s.message().is_empty() => {
+            s.code().description().to_owned()
+        }
+        etcd_client::Error::GRpcStatus(s) => s.message().to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// An I/O failure as the system says it, lower case: "connection refused".
+fn io_words(io: &std::io::Error) -> String {
+    let text = match io.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_owned(),
+        None if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+            "the connection was closed".to_owned()
+        }
+        None => io.to_string(),
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+/// The connection was made, then ended or was reset before its TLS handshake was through: a
+/// server that does not speak TLS (a plain-HTTP etcd) answers a ClientHello so. Only a
+/// failure while connecting counts; a refused TCP connection is not one.
+fn handshake_cut(inner: &(dyn StdError + 'static)) -> bool {
+    use std::io::ErrorKind::{ConnectionReset, UnexpectedEof};
+    let connecting = causes(inner).any(|c| c.is::<tonic::ConnectError>());
+    let cut = causes(inner).any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| matches!(io.kind(), UnexpectedEof | ConnectionReset))
+    });
+    connecting && cut
 }
 
 /// `e` and every error it was caused by, looking inside I/O errors too (their `source` skips
@@ -345,6 +453,10 @@ mod tests {
 
     use super::*;
 
+    fn peer() -> Peer {
+        Peer::of(&["http://127.0.0.1:2379".to_owned()])
+    }
+
     fn status(code: Code) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(tonic::Status::new(code, "etcdserver: something"))
     }
@@ -363,7 +475,7 @@ mod tests {
             );
             assert!(matches!(
                 Failure::Refused
-                    .into_error(&status(code))
+                    .into_error(&status(code), &peer())
                     .code(Default::default()),
                 77
             ));
@@ -390,7 +502,12 @@ mod tests {
     fn an_answer_such_as_lease_not_found_is_final_and_69() {
         let e = status(Code::NotFound);
         assert_eq!(Failure::of(&e, false), Failure::Final);
-        assert_eq!(Failure::Final.into_error(&e).code(Default::default()), 69);
+        assert_eq!(
+            Failure::Final
+                .into_error(&e, &peer())
+                .code(Default::default()),
+            69
+        );
     }
 
     #[test]

@@ -81,7 +81,8 @@ impl Etcd {
                 },
                 false if !block => return Err(Error::Busy { name: name.into() }),
                 false => {
-                    tracing::info!(name = %name, token = queued.revision, "waiting for the lease");
+                    // The waiter's own key's revision: its token once its turn comes, not the holder's.
+                    tracing::info!(name = %name, token_once_acquired = queued.revision, "waiting for the lease");
                     let mut members = Members::new(&self.cfg, &self.conn);
                     let recheck = members.several().then_some(recheck);
                     mutex::wait_turn(&mut members, &self.cfg, name, &queued, recheck, state).await?
@@ -106,6 +107,7 @@ impl Etcd {
     ) -> Result<(Queued, watch::Receiver<KeeperState>, Duration), Error> {
         let grant = Grant::ask(&self.conn, self.cfg.dial_timeout, self.params).await?;
         let (id, renew_every) = (grant.id, grant.renew_every());
+        crate::log::note(None, None, Some(id));
         self.attempt = Attempt::Granted(id);
         let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
         let own = OwnKey {

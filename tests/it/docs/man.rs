@@ -38,7 +38,7 @@ pub const READ: &[(&str, &str)] = &[
     ("LEASEWRAP_LOG_FORMAT", "log line format on stderr, text or json (--log-format)."),
     (
         "LEASEWRAP_LOG",
-        "a tracing filter for log lines, such as leasewrap=debug; it overrides -q and -v.",
+        "a filter for log lines, such as debug or leasewrap=debug; it overrides -q and -v (see LOGS).",
     ),
     (
         "NOTIFY_SOCKET",
@@ -242,7 +242,7 @@ fn main_page(cmd: &clap::Command) -> String {
         .items(leasewrap::error::EXIT_STATUS_TABLE)
         .para("leasewrap status has statuses of its own: see leasewrap-status(1).");
     s.heading("ENVIRONMENT")
-        .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself.")
+        .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself. A bad value in a variable is reported under the variable's name (LEASEWRAP_LOG_FORMAT: invalid value 'JSON' ...), not as the option it stands for.")
         .items(READ)
         .para("COMMAND gets leasewrap's environment less every variable whose name ends in _PASSWORD, the password part of a USER:PASSWORD in LEASEWRAP_USER or ETCDCTL_USER, and NOTIFY_SOCKET, plus:")
         .items(GIVEN)
@@ -250,6 +250,7 @@ fn main_page(cmd: &clap::Command) -> String {
     s.heading("ONCE PER SCHEDULED RUN")
         .para("A lease gives mutual exclusion; --once gives a job that runs once per schedule on a fleet, and retries on another host when a run fails.")
         .items(leasewrap::runs::MAN_SECTION);
+    s.heading("LOGS").items(leasewrap::log::MAN_SECTION);
     s.heading("CAVEATS").items(leasewrap::cli::CAVEATS);
     s.heading("SECURITY").items(leasewrap::cli::SECURITY_NOTES);
     s.heading("FILES")

@@ -34,7 +34,7 @@ fn f14_job(endpoints: &str, prefix: &str) -> Leasewrap {
     Leasewrap::new()
         .on_etcd(endpoints, prefix)
         .name("job")
-        .args(&["--ttl", &ttl, "-v"])
+        .args(&["--ttl", &ttl, "-vv"])
 }
 
 /// What happens to the member A talks to first.
