@@ -186,9 +186,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub once_per: Option<Duration>,
 
-    /// How long a run record is kept (with --once or --once-per)
-    #[arg(long, value_name = "DUR", default_value = "7d", value_parser = parse_duration)]
-    pub keep: Duration,
+    /// How long a run record is kept after its run ends (with --once or --once-per): 1s to 10y, and at least the --once-per slot [default: 7d, or twice the --once-per slot when that is longer]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub keep: Option<Duration>,
 
     /// Give KEY up after N failed runs: later holders start nothing and exit with the conflict status [default: unlimited]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -158,15 +158,10 @@ fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
         }
         (None, None) => return Ok(None),
     };
-    if args.keep < Duration::from_secs(1) {
-        return Err(Error::Usage(format!(
-            "--keep {:?} is too short: run records are kept for 1s at least",
-            args.keep
-        )));
-    }
+    let keep = crate::runs::keep_of(args.keep, args.once_per).map_err(Error::Usage)?;
     Ok(Some(Once {
         key,
-        keep: args.keep,
+        keep,
         max_attempts: args.max_attempts,
     }))
 }
@@ -676,7 +671,7 @@ mod tests {
         .unwrap();
         let once = c.once.unwrap();
         assert!(once.key.ends_with(":00:00Z"), "{}", once.key);
-        assert_eq!(once.keep, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(once.keep, crate::runs::DEFAULT_KEEP);
         assert_eq!(once.max_attempts, None);
         let c = parse(
             &[

@@ -56,6 +56,8 @@ on_every_backend!(
     a_record_is_gone_after_keep_and_key_runs_again,
     bad_once_input_exits_64_with_one_line_and_acquires_nothing,
     a_foreign_record_exits_78_and_runs_nothing,
+    keep_beyond_its_bound_or_shorter_than_the_slot_exits_64_naming_the_bound,
+    without_keep_a_once_per_slot_longer_than_a_week_is_kept_twice_the_slot,
 );
 
 /// The lease TTL of these tests: etcd's minimum, so a SIGKILLed holder's lease runs out soon.
@@ -455,6 +457,76 @@ fn bad_once_input_exits_64_with_one_line_and_acquires_nothing(on: On) {
     }
     assert!(fleet.runs().is_empty());
     assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
+}
+
+fn keep_beyond_its_bound_or_shorter_than_the_slot_exits_64_naming_the_bound(on: On) {
+    let fleet = Fleet::new(on, "bounds");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--once", "k", "--keep", "9223372036854775807"],
+            "10years at most",
+        ),
+        (&["--once", "k", "--keep", "300y"], "10years at most"),
+        (
+            &["--once-per", "1d", "--keep", "1s"],
+            "shorter than the --once-per slot (1day)",
+        ),
+        (
+            &["--once-per", "30d", "--keep", "7d"],
+            "shorter than the --once-per slot (30days)",
+        ),
+        (&["--once-per", "11y"], "10years at most"),
+    ];
+    for (case, says) in cases {
+        let out = fleet.lw().args(case).cmd(&fleet.job("ran", 0)).output();
+        assert_exit(&out, 64);
+        let lines: Vec<&str> = out.stderr.trim_end().lines().collect();
+        assert_eq!(lines.len(), 1, "{case:?}: {}", out.stderr);
+        assert!(lines[0].contains(says), "{case:?}: {}", out.stderr);
+    }
+    assert!(fleet.runs().is_empty());
+    assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
+    let at_the_bound = fleet.lw().args(&["--once", "k", "--keep", "10y"]);
+    assert_exit(&at_the_bound.cmd(&fleet.job("ran", 0)).output(), 0);
+}
+
+/// Seconds the record of `key` is kept after its run's end, as it says.
+#[track_caller]
+fn kept_after_end(fleet: &Fleet, key: &str) -> f64 {
+    let record = fleet.record(key).expect("the run left a record");
+    record["keep_until"].as_f64().unwrap() - record["end"].as_f64().unwrap()
+}
+
+fn without_keep_a_once_per_slot_longer_than_a_week_is_kept_twice_the_slot(on: On) {
+    let fleet = Fleet::new(on, "longslot");
+    const DAY: f64 = 86_400.0;
+    let out = fleet
+        .lw()
+        .args(&["--once-per", "30d", "-v"])
+        .cmd(&fleet.job("ran", 0))
+        .output();
+    assert_exit(&out, 0);
+    let key = slot_key_of(&fleet, "30d");
+    let kept = kept_after_end(&fleet, &key);
+    assert!((kept - 60.0 * DAY).abs() < 1.0, "kept {kept} s");
+    assert_exit(
+        &fleet.lw().args(&["--once", "k"]).cmd(&["true"]).output(),
+        0,
+    );
+    let kept = kept_after_end(&fleet, "k");
+    assert!(
+        (kept - 7.0 * DAY).abs() < 1.0,
+        "--once alone keeps 7 days: {kept} s"
+    );
+}
+
+/// The KEY the one --once-per `per` run of `fleet` recorded (the only key under its name).
+#[track_caller]
+fn slot_key_of(fleet: &Fleet, per: &str) -> String {
+    let json: Value = serde_json::from_str(&fleet.status(&["--json"]).stdout).unwrap();
+    let key = json["runs"][0]["key"].as_str();
+    key.unwrap_or_else(|| panic!("a --once-per {per} record in status: {json}"))
+        .to_owned()
 }
 
 #[test]
