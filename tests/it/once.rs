@@ -58,6 +58,7 @@ on_every_backend!(
     a_foreign_record_exits_78_and_runs_nothing,
     keep_beyond_its_bound_or_shorter_than_the_slot_exits_64_naming_the_bound,
     without_keep_a_once_per_slot_longer_than_a_week_is_kept_twice_the_slot,
+    a_child_that_runs_longer_than_keep_records_its_success_kept_from_its_end,
 );
 
 /// The lease TTL of these tests: etcd's minimum, so a SIGKILLed holder's lease runs out soon.
@@ -527,6 +528,54 @@ fn slot_key_of(fleet: &Fleet, per: &str) -> String {
     let key = json["runs"][0]["key"].as_str();
     key.unwrap_or_else(|| panic!("a --once-per {per} record in status: {json}"))
         .to_owned()
+}
+
+fn a_child_that_runs_longer_than_keep_records_its_success_kept_from_its_end(on: On) {
+    let fleet = Fleet::new(on, "longrun");
+    let args = ["--once", "k2", "--keep", "2s"];
+    let script = format!("echo ran >> {}; sleep 2.5", q(&fleet.runs_file()));
+    let first = fleet.lw().args(&args).cmd(&["sh", "-c", &script]).output();
+    assert_exit(&first, 0);
+    let second = fleet.lw().args(&args).cmd(&["sh", "-c", &script]).output();
+    assert_exit(&second, 75);
+    assert_eq!(fleet.runs(), ["ran"]);
+    assert_eq!(fleet.record("k2").unwrap()["outcome"], "ran-ok");
+    assert!((kept_after_end(&fleet, "k2") - 2.0).abs() < 0.01);
+    if let On::Etcd(v) = on {
+        a_lease_granted_at_the_childs_start_is_renewed_as_the_record_is_written(&fleet, v);
+    }
+}
+
+/// A child of 2.5 s with --keep 4s: the record's lease, granted as the child started, has 4 s
+/// left again when the record is written, not the 1.5 s its grant would have left.
+#[track_caller]
+fn a_lease_granted_at_the_childs_start_is_renewed_as_the_record_is_written(
+    fleet: &Fleet,
+    v: Version,
+) {
+    let args = ["--once", "k3", "--keep", "4s"];
+    assert_exit(&fleet.lw().args(&args).cmd(&["sleep", "2.5"]).output(), 0);
+    let at = format!("{}/runs/{}/k3", fleet.prefix, fleet.name);
+    let kv: Value =
+        serde_json::from_str(&etcd::shared(v).etcdctl_ok(&["get", "-w", "json", &at])).unwrap();
+    let lease = format!(
+        "{:x}",
+        kv["kvs"][0]["lease"]
+            .as_i64()
+            .expect("the record has a lease")
+    );
+    let ttl: Value = serde_json::from_str(&etcd::shared(v).etcdctl_ok(&[
+        "lease",
+        "timetolive",
+        "-w",
+        "json",
+        &lease,
+    ]))
+    .unwrap();
+    assert!(
+        ttl["ttl"].as_i64().unwrap() >= 2,
+        "the record's lease was not renewed at its write: {ttl}"
+    );
 }
 
 #[test]
