@@ -43,11 +43,21 @@ pub async fn read(
             async move { c.get(at, None).await }
         })
         .await?;
-    resp.kvs()
-        .first()
-        .map(|kv| RunRecord::parse(kv.value(), name, key))
+    parse(prefix, name, key, resp.kvs().first().map(|kv| kv.value()))
+}
+
+/// The record of (`name`, `key`) in `value`, read at its key; none before its first run.
+pub fn parse(
+    prefix: &str,
+    name: &str,
+    key: &str,
+    value: Option<&[u8]>,
+) -> Result<Option<RunRecord>, Error> {
+    value
+        .map(|v| RunRecord::parse(v, name, key))
         .transpose()
         .map_err(|why| {
+            let at = record_key(prefix, name, key);
             Error::Config(format!(
                 "run record {at} {why}: delete it by hand (etcdctl del), or use another --once KEY"
             ))

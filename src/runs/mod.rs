@@ -116,7 +116,7 @@ pub enum Written {
 pub const MAN_SECTION: &[(&str, &str)] = &[
     (
         "--once KEY",
-        "After taking the lease and before starting COMMAND, leasewrap reads the run record of (NAME, KEY). If a run of KEY succeeded, on any host of the backend, it starts nothing, gives the lease back, logs who ran it (host, pid, token, end) and exits with the conflict status (75, or -E N); waiters queued with --wait see the record as their turn comes. KEY is 1-128 bytes without '/' or control characters.",
+        "After taking the lease and before starting COMMAND, leasewrap reads the run record of (NAME, KEY): on etcd in the very transaction that takes the lease, or that finds the way clear after a wait, so --once costs no request of its own. If a run of KEY succeeded, on any host of the backend, it starts nothing, gives the lease back, logs who ran it (host, pid, token, end) and exits with the conflict status (75, or -E N); waiters queued with --wait see the record as their turn comes. KEY is 1-128 bytes without '/' or control characters.",
     ),
     (
         "success",

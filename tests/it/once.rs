@@ -8,6 +8,7 @@
 //! number of lines. Waits are bounded and wait for exits, files and process states; the only
 //! fixed pauses are the 40 ms between the five hosts' starts, which is the scenario itself.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
@@ -675,6 +676,69 @@ fn late_success_of_a_paused_holder(v: Version) {
         fleet.runs(),
         ["a".to_owned(), format!("b {}", record["token"])]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: what --once costs in requests.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn once_reads_its_record_in_the_lock_transaction_with_no_request_of_its_own_on_etcd_3_4() {
+    once_costs_no_read_of_its_own(Version::V3_4);
+}
+
+#[test]
+fn once_reads_its_record_in_the_lock_transaction_with_no_request_of_its_own_on_etcd_3_5() {
+    once_costs_no_read_of_its_own(Version::V3_5);
+}
+
+/// The requests one run of `lw` made to `server` (its own etcd: no other test's requests),
+/// by method (`started[Range]`, ...).
+fn requests_of(server: &etcd::Etcd, lw: Leasewrap, code: i32) -> BTreeMap<String, f64> {
+    let scrape = || crate::bench_prom::Scrape::parse(&server.metrics());
+    let before = scrape();
+    assert_exit(&lw.output(), code);
+    let mut delta = scrape().counters_since(&before);
+    delta.retain(|k, _| k.starts_with("started["));
+    delta
+}
+
+/// A first --once run, and one that finds KEY done, make no Range request: the record is read
+/// in the lock transaction. The first one's record write is a Txn, a LeaseGrant and the renewal
+/// of that lease; the skip makes the plain run's requests and nothing more (the watch of the
+/// own key aside, which may or may not start before a skip releases the lease).
+fn once_costs_no_read_of_its_own(v: Version) {
+    let server = etcd::Etcd::start(v);
+    let prefix = etcd::unique_prefix("cost");
+    let lw = || {
+        Leasewrap::new()
+            .on_etcd(&server.endpoint(), &prefix)
+            .name("cost")
+    };
+    let plain = requests_of(&server, lw().cmd(&["true"]), 0);
+    let first = requests_of(&server, lw().args(&["--once", "k"]).cmd(&["true"]), 0);
+    let skip = requests_of(&server, lw().args(&["--once", "k"]).cmd(&["true"]), 75);
+    for run in [&plain, &first, &skip] {
+        assert_eq!(run.get("started[Range]"), None, "{run:?}");
+    }
+    let more =
+        |m: &str| first.get(m).copied().unwrap_or(0.0) - plain.get(m).copied().unwrap_or(0.0);
+    assert_eq!(
+        (
+            more("started[Txn]"),
+            more("started[LeaseGrant]"),
+            more("started[LeaseKeepAlive]")
+        ),
+        (1.0, 1.0, 1.0),
+        "plain {plain:?}, --once {first:?}"
+    );
+    let mut skip = skip;
+    let mut plain = plain;
+    // The watch on the own key starts as the lease is ours, racing a skip's release.
+    for run in [&mut skip, &mut plain] {
+        run.remove("started[Watch]");
+    }
+    assert_eq!(skip, plain, "a skip costs what a plain run does");
 }
 
 // ---------------------------------------------------------------------------------------------
