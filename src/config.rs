@@ -177,7 +177,8 @@ fn max_runtime(limit: Option<Duration>, kill_after: Duration) -> Result<Option<D
     }
 }
 
-/// --metrics-file must name a file in a folder where one can be made now.
+/// --metrics-file must name a file in a folder where one can be made now (64), and where no
+/// other user planted it or can replace it (78).
 fn metrics_file(path: Option<&Path>) -> Result<Option<PathBuf>, Error> {
     let Some(path) = path else { return Ok(None) };
     let bad = |why: String| Error::Usage(format!("--metrics-file {}: {why}", path.display()));
@@ -191,6 +192,7 @@ fn metrics_file(path: Option<&Path>) -> Result<Option<PathBuf>, Error> {
     let dir = crate::files::parent(path);
     file::check_writable(path)
         .map_err(|e| bad(format!("cannot write in {}: {e}", dir.display())))?;
+    crate::runs::metrics::check_place(path)?;
     Ok(Some(path.to_owned()))
 }
 

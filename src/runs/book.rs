@@ -165,8 +165,9 @@ impl<'a> Book<'a> {
                 .as_ref()
                 .map(|o| (o.key.as_str(), self.now.as_ref())),
         };
+        // An error, shown even under -q, but the child's status stands: the run happened.
         if let Err(e) = metrics::write(path, &sample) {
-            tracing::warn!(path = %path.display(), error = %e, "writing the metrics file failed");
+            tracing::error!(path = %path.display(), error = %e, "writing the metrics file failed: it does not describe this invocation");
         }
     }
 
