@@ -53,6 +53,9 @@ file of this user with one link holding one decimal token, and is never echoed (
     )]
     FencedWrite(FencedWriteArgs),
     /// Put KEY VALUE in etcd only while the lock key still has the given token
+    #[command(
+        long_about = "Put KEY VALUE in etcd, in one transaction that applies only while the lock key still has the token as its create revision. KEY must lie outside leasewrap's own keys, else fenced-put refuses it with status 64: not under PREFIX/runs/ (the run records, which only leasewrap writes, under the lease of their own NAME), not under the lock key's own queue PREFIX NAME/, and with a non-empty prefix not under any PREFIX NAME/ (a key there takes part in that lock, and without a lease would hold it for ever). The guard proves only that the lock key had the token when the put was applied; which key a holder may write is up to etcd's permissions."
+    )]
     FencedPut(FencedPutArgs),
 }
 

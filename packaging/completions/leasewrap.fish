@@ -95,4 +95,4 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l log-f
 json\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s v -l verbose -d 'Log more (twice: everything)'
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -11,16 +11,23 @@
 
 use std::time::Duration;
 
-use etcd_client::{GetOptions, PutOptions, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    GetOptions, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tokio::task::JoinHandle;
 
 use super::{RunRecord, Written};
 use crate::error::Error;
 use crate::lease::etcd::client::{guarded_txn, Conn, Guarded};
 
+/// Where the records of every name live.
+pub fn records_prefix(prefix: &str) -> String {
+    format!("{prefix}/runs/")
+}
+
 /// Where the records of `name` live.
 pub fn name_prefix(prefix: &str, name: &str) -> String {
-    format!("{prefix}/runs/{name}/")
+    format!("{}{name}/", records_prefix(prefix))
 }
 
 /// The key of the record of (`name`, `key`).
@@ -198,17 +205,24 @@ async fn revoke(conn: &Conn, id: i64) {
     }
 }
 
-/// Every record of `name`, and the values there that are not records (with why), for `status`.
+/// The `last` records of `name` written most recently, and the values among them that are not
+/// records (with why), for `status`: one sorted, limited range, so that a name with thousands
+/// of records (`--once-per 1m` keeps ten thousand a week) costs what one with ten does.
 pub async fn list(
     conn: &Conn,
     prefix: &str,
     name: &str,
+    last: usize,
 ) -> Result<Vec<Result<RunRecord, String>>, Error> {
     let under = name_prefix(prefix, name);
+    let newest = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Mod, SortOrder::Descend)
+        .with_limit(last as i64);
     let resp = conn
         .retrying(|mut c| {
-            let under = under.clone();
-            async move { c.get(under, Some(GetOptions::new().with_prefix())).await }
+            let (under, newest) = (under.clone(), newest.clone());
+            async move { c.get(under, Some(newest)).await }
         })
         .await?;
     Ok(resp

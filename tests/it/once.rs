@@ -679,6 +679,88 @@ fn late_success_of_a_paused_holder(v: Version) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// etcd only: a holder of another lock cannot write a record, or into a lock's queue.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_holder_of_another_lock_cannot_mark_a_job_done_through_fenced_put_on_etcd_3_4() {
+    fenced_put_cannot_forge_a_record(Version::V3_4);
+}
+
+#[test]
+fn the_holder_of_another_lock_cannot_mark_a_job_done_through_fenced_put_on_etcd_3_5() {
+    fenced_put_cannot_forge_a_record(Version::V3_5);
+}
+
+/// A child of lock `other` tries `fenced-put` of a forged success of `victim`'s KEY, and of a
+/// key in `victim`'s lock queue: both are refused (64), and `victim` then runs KEY.
+fn fenced_put_cannot_forge_a_record(v: Version) {
+    let fleet = Fleet::new(On::Etcd(v), "victim");
+    let forged = r#"{"format":"leasewrap-run/1","name":"victim","key":"k","outcome":"ran-ok","attempts":1,"host":"h","pid":1,"token":1,"start":0,"end":0,"exit_status":0,"signal":null,"keep_until":4e9}"#;
+    let (codes, bin) = (fleet.sandbox.path("codes"), crate::support::BIN);
+    let script = format!(
+        "{bin} fenced-put \"$LEASEWRAP_PREFIX/runs/victim/k\" '{forged}'; echo $? >> {codes}; \
+         {bin} fenced-put \"${{LEASEWRAP_PREFIX}}victim/x\" v; echo $? >> {codes}",
+        codes = q(&codes)
+    );
+    let attacker = Leasewrap::new()
+        .on_etcd(&etcd::shared(v).endpoint(), &fleet.prefix)
+        .name("other")
+        .cmd(&["sh", "-c", &script]);
+    let out = attacker.output();
+    assert_exit(&out, 0);
+    assert_eq!(
+        fs::read_to_string(&codes).unwrap(),
+        "64\n64\n",
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("run records"), "{}", out.stderr);
+    assert_eq!(fleet.record("k"), None);
+    let victim = fleet
+        .lw()
+        .args(&["--once", "k", "-n"])
+        .cmd(&fleet.job("ran", 0))
+        .output();
+    assert_exit(&victim, 0);
+    assert_eq!(fleet.runs(), ["ran"]);
+    assert_eq!(fleet.record("k").unwrap()["outcome"], "ran-ok");
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: status reads the newest records of a name, not all of them.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn status_reads_only_the_newest_runs_of_a_name_with_5_mb_of_records_on_etcd_3_5() {
+    let fleet = Fleet::new(On::Etcd(Version::V3_5), "many");
+    // 50 records of 100 kB (one argument's most): more than a client takes in one answer (4 MB).
+    let host = "h".repeat(100_000);
+    for i in 0..50 {
+        let key = format!("k{i:02}");
+        let record = serde_json::json!({
+            "format": "leasewrap-run/1", "name": "many", "key": key, "outcome": "ran-ok",
+            "attempts": 1, "host": host, "pid": 1, "token": i + 1, "start": 1.8e9 + f64::from(i),
+            "end": 1.8e9 + f64::from(i), "exit_status": 0, "signal": null, "keep_until": 4e9,
+        });
+        fleet.plant_record(&key, &record.to_string());
+    }
+    let status = fleet.status(&["--json"]);
+    let json: Value = serde_json::from_str(&status.stdout).unwrap_or_else(|_| {
+        let stderr: String = status.stderr.chars().take(2000).collect();
+        panic!("status --json printed no JSON: {stderr}")
+    });
+    let keys: Vec<&str> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    let newest: Vec<String> = (40..50).rev().map(|i| format!("k{i}")).collect();
+    assert_eq!(keys, newest);
+}
+
+// ---------------------------------------------------------------------------------------------
 // etcd only: what --once costs in requests.
 // ---------------------------------------------------------------------------------------------
 
