@@ -62,8 +62,30 @@ pub fn write(
     };
     file::replace(&path, &record.to_json(), how)
         .map_err(|e| Error::internal(format!("writing run record {}", path.display()), e))?;
-    sweep(&folder, SystemTime::now());
+    let keep = Duration::from_secs_f64((record.keep_until - record.end).max(0.0));
+    if sweep_due(&folder, keep, SystemTime::now()) {
+        sweep(&folder, SystemTime::now());
+        // Marked after the sweep: one that failed half way is done again next time.
+        let _ = file::replace(&folder.join(SWEPT), b"", Replace::PLAIN);
+    }
     Ok(Written::Stored)
+}
+
+/// The file whose modification time says when the records of a name were last swept.
+pub const SWEPT: &str = ".swept";
+
+/// How many sweeps a record's keep time holds: a sweep reads the whole folder, which holds the
+/// records of one keep time's writes, so each write pays for this many entries on average, however
+/// many records there are (`--once-per 1m` keeps ten thousand a week).
+const SWEEPS_PER_KEEP: u32 = 8;
+
+/// Whether the last sweep of `folder` is older than its share of `keep` (or in the future: a
+/// clock that was set back), or there was none.
+fn sweep_due(folder: &Path, keep: Duration, now: SystemTime) -> bool {
+    let last = fs::symlink_metadata(folder.join(SWEPT)).and_then(|m| m.modified());
+    let Ok(last) = last else { return true };
+    now.duration_since(last)
+        .map_or(true, |age| age >= keep / SWEEPS_PER_KEEP)
 }
 
 /// Remove the records of one name whose keep time has passed, and temp files of writers that
@@ -153,6 +175,14 @@ mod tests {
         write(dir.path(), &kept, || Ok(())).unwrap();
         let stale_temp = name_dir(dir.path(), "job").join(".x.json.tmp-00000000000f423f");
         fs::write(&stale_temp, b"half").unwrap();
+        let swept = name_dir(dir.path(), "job").join(SWEPT);
+        let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
+        fs::File::options()
+            .write(true)
+            .open(&swept)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
         write(dir.path(), &record("new", Duration::from_secs(60)), || {
             Ok(())
         })
@@ -160,6 +190,20 @@ mod tests {
         assert_eq!(read(dir.path(), "job", "old").unwrap(), None);
         assert!(read(dir.path(), "job", "kept").unwrap().is_some());
         assert!(!stale_temp.exists());
+    }
+
+    #[test]
+    fn a_sweep_is_due_once_per_eighth_of_keep_or_when_its_mark_is_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let (keep, now) = (Duration::from_secs(80), SystemTime::now());
+        assert!(sweep_due(dir.path(), keep, now), "never swept");
+        fs::write(dir.path().join(SWEPT), b"").unwrap();
+        assert!(!sweep_due(dir.path(), keep, now + Duration::from_secs(9)));
+        assert!(sweep_due(dir.path(), keep, now + Duration::from_secs(11)));
+        assert!(
+            sweep_due(dir.path(), keep, now - Duration::from_secs(60)),
+            "mark ahead"
+        );
     }
 
     #[test]

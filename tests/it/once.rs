@@ -679,6 +679,42 @@ fn late_success_of_a_paused_holder(v: Version) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The local backend: a write sweeps a name's records once per eighth of its keep, not every time.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_local_write_sweeps_a_names_records_at_most_once_per_eighth_of_keep() {
+    let fleet = Fleet::new(On::Local, "sweep");
+    let run = |key: &str| {
+        let args = ["--once", key, "--keep", "80s"];
+        assert_exit(&fleet.lw().args(&args).cmd(&["true"]).output(), 0);
+    };
+    run("a");
+    // An expired record, as one left by a run long ago: its keep time, and its file's, are past.
+    let gone = r#"{"format":"leasewrap-run/1","name":"sweep","key":"old","outcome":"ran-ok","attempts":1,"host":"h","pid":1,"token":1,"start":1.0,"end":1.0,"exit_status":0,"signal":null,"keep_until":2.0}"#;
+    fleet.plant_record("old", gone);
+    let old = fleet.sandbox.state().join("runs/sweep/old.json");
+    let long_ago = std::time::UNIX_EPOCH + Duration::from_secs(2);
+    let set_mtime = |path: &std::path::Path, t| {
+        let file = fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(t).unwrap();
+    };
+    set_mtime(&old, long_ago);
+    run("b");
+    assert!(
+        old.exists(),
+        "swept again within 10 s (80s / 8) of the last sweep"
+    );
+    let swept = fleet.sandbox.state().join("runs/sweep/.swept");
+    set_mtime(
+        &swept,
+        std::time::SystemTime::now() - Duration::from_secs(11),
+    );
+    run("c");
+    assert!(!old.exists(), "the sweep is due 10 s after the last one");
+}
+
+// ---------------------------------------------------------------------------------------------
 // etcd only: a holder of another lock cannot write a record, or into a lock's queue.
 // ---------------------------------------------------------------------------------------------
 
