@@ -794,6 +794,24 @@ fn status_reads_only_the_newest_runs_of_a_name_with_5_mb_of_records_on_etcd_3_5(
         .collect();
     let newest: Vec<String> = (40..50).rev().map(|i| format!("k{i}")).collect();
     assert_eq!(keys, newest);
+    // Listing every lease reads the lock queues, not the records between them.
+    let holder = Job::hold(fleet.lw(), &fleet.sandbox, "holder");
+    let every = Leasewrap::subcommand("status")
+        .on_etcd(&etcd::shared(Version::V3_5).endpoint(), &fleet.prefix)
+        .args(&["--json"])
+        .output();
+    let names: Vec<Value> = serde_json::from_str(&every.stdout).unwrap_or_default();
+    assert_eq!(
+        names.len(),
+        1,
+        "{}",
+        every.stderr.chars().take(2000).collect::<String>()
+    );
+    assert_eq!(
+        (names[0]["name"].as_str(), names[0]["held"].as_bool()),
+        (Some("many"), Some(true))
+    );
+    drop(holder);
 }
 
 // ---------------------------------------------------------------------------------------------
