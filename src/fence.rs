@@ -391,6 +391,7 @@ pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
     )?;
     let revision = i64::try_from(token)
         .map_err(|_| Error::Usage(format!("--token {token} is beyond any etcd revision")))?;
+    reserved(&args.put_key, lock_key, &cfg.prefix).map_err(Error::Usage)?;
     let put = TxnOp::put(args.put_key.as_str(), args.value.as_str(), None);
     let conn = Conn::dial(&cfg).await?;
     match client::guarded_txn(&conn, lock_key, revision, vec![put]).await? {
@@ -405,6 +406,39 @@ pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
     }
 }
 
+/// Why fenced-put must not write `key`, if it must not: it is leasewrap's own. Under the
+/// prefix's run records (`PREFIX/runs/`) a put would forge another job's record, which only
+/// leasewrap writes, under the lease of the record's NAME; under a lock's queue (`PREFIX NAME/`)
+/// a key without a lease would take part in that mutex and hold it for ever once it came first.
+/// The own queue is known from the lock key (`PREFIX NAME/<lease id hex>`) and always refused;
+/// any other queue only under a non-empty prefix, since with `--prefix ''` every `a/b` key of
+/// other applications looks like one.
+fn reserved(key: &str, lock_key: &str, prefix: &str) -> Result<(), String> {
+    let records = crate::runs::etcd::records_prefix(prefix);
+    if key.starts_with(&records) {
+        return Err(format!(
+            "fenced-put does not write {key:?}: keys under {records:?} are leasewrap's run records, written only under the lease of their own NAME"
+        ));
+    }
+    let own_queue = lock_key
+        .rsplit_once('/')
+        .filter(|(_, id)| {
+            !id.is_empty() && id.len() <= 16 && id.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+        .map(|(queue, _)| format!("{queue}/"));
+    let in_a_queue = !prefix.is_empty()
+        && key
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(name, _)| config::check_name(name).is_ok());
+    if in_a_queue || own_queue.is_some_and(|q| key.starts_with(&q)) {
+        return Err(format!(
+            "fenced-put does not write {key:?}: it is under a lock's queue (PREFIX NAME/), where any key takes part in the lock; write outside the prefix {prefix:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// What a refused fenced-put found at the lock key: another holder's key, or none.
 fn lock_key_state(lock_key: &str, create_revision: Option<i64>) -> String {
     match create_revision {
@@ -416,6 +450,30 @@ fn lock_key_state(lock_key: &str, create_revision: Option<i64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fenced_put_refuses_run_records_and_lock_queues_only() {
+        let lock = "leasewrap/job/694d8a1c2b";
+        for refused in [
+            "leasewrap//runs/other/k",
+            "leasewrap//runs/job/k",
+            "leasewrap/job/694d8a1c2b",
+            "leasewrap/job/x",
+            "leasewrap/other/1f",
+        ] {
+            assert!(reserved(refused, lock, "leasewrap/").is_err(), "{refused}");
+        }
+        for allowed in ["app/config", "leasewrap/notes", "leasewrap", "t/data"] {
+            assert_eq!(reserved(allowed, lock, "leasewrap/"), Ok(()), "{allowed}");
+        }
+        // With --prefix '' only the records and the own queue are known to be leasewrap's.
+        let lock = "job/694d8a1c2b";
+        assert!(reserved("/runs/job/k", lock, "").is_err());
+        assert!(reserved("job/data", lock, "").is_err());
+        assert_eq!(reserved("app/config", lock, ""), Ok(()));
+        // A lock key not in the mutex layout has no queue to protect.
+        assert_eq!(reserved("t/1/data", "t/1/lock", "leasewrap/"), Ok(()));
+    }
 
     #[test]
     fn a_lower_token_is_stale_an_equal_or_higher_one_is_not() {

@@ -163,6 +163,7 @@ async fn take_and_start(
     signals: &mut Signals,
 ) -> Result<Held, Error> {
     let mut lessor = Lessor::connect(cfg).await?;
+    lessor.read_along(book.record_key());
     let held = acquire(cfg, &mut lessor, signals).await?;
     if let Err(skip) = book.before_start(&held).await {
         held.release().await;

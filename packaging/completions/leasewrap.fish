@@ -37,7 +37,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l lost-exit-code -d '
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l max-runtime -d 'Stop the child\'s whole tree after DUR (stop signal, --kill-after, SIGKILL), release the lease and exit 123' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l once -d 'Run COMMAND at most once successfully per KEY, across every host of the backend; a holder that finds KEY done starts nothing and exits with the conflict status' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l once-per -d 'As --once, with KEY the slot boundary nearest to the start time (UTC, RFC 3339): `--once-per 1d` runs once a day' -r
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l keep -d 'How long a run record is kept (with --once or --once-per)' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l keep -d 'How long a run record is kept after its run ends (with --once or --once-per): 1s to 10y, and at least the --once-per slot [default: 7d, or twice the --once-per slot when that is longer]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l max-attempts -d 'Give KEY up after N failed runs: later holders start nothing and exit with the conflict status [default: unlimited]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l metrics-file -d 'After every run or skip, replace PATH with a node_exporter textfile-collector file (name it *.prom)' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r

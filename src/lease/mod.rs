@@ -139,6 +139,14 @@ impl Lessor {
         }
     }
 
+    /// On etcd, read `key` in the transactions that take the lease and confirm it ours
+    /// ([`Held::along`]); the local backend reads nothing along.
+    pub fn read_along(&mut self, key: Option<String>) {
+        if let (Lessor::Etcd(etcd), Some(key)) = (self, key) {
+            etcd.read_along(key);
+        }
+    }
+
     /// Undo what an abandoned [`Lessor::acquire`] left behind (a queued waiter's key and lease).
     pub async fn abandon(&mut self) {
         if let Lessor::Etcd(etcd) = self {
@@ -194,6 +202,15 @@ impl Held {
     pub fn etcd_conn(&self) -> Option<&etcd::client::Conn> {
         match &self.inner {
             HeldInner::Etcd(held) => Some(held.conn()),
+            HeldInner::Local { .. } => None,
+        }
+    }
+
+    /// The value of the key [`Lessor::read_along`] named, as it was when the lease became ours
+    /// (none inside: not there); none when no key was read along.
+    pub fn along(&self) -> Option<Option<&[u8]>> {
+        match &self.inner {
+            HeldInner::Etcd(held) => held.along(),
             HeldInner::Local { .. } => None,
         }
     }

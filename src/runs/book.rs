@@ -72,6 +72,17 @@ impl<'a> Book<'a> {
         }
     }
 
+    /// With --once on etcd, the key of KEY's record: read in the transaction that takes the
+    /// lease or finds it ours, so that [`Book::before_start`] needs no read of its own.
+    pub fn record_key(&self) -> Option<String> {
+        match (&self.cfg.backend, &self.cfg.once) {
+            (Backend::Etcd(e), Some(once)) => {
+                Some(etcd::record_key(&e.prefix, &self.cfg.name, &once.key))
+            }
+            _ => None,
+        }
+    }
+
     /// The child is being started now. With --once on etcd, the lease for its record is asked
     /// for while it runs.
     pub fn child_started(&mut self, held: &Held) {
@@ -155,8 +166,9 @@ impl<'a> Book<'a> {
                 .as_ref()
                 .map(|o| (o.key.as_str(), self.now.as_ref())),
         };
+        // An error, shown even under -q, but the child's status stands: the run happened.
         if let Err(e) = metrics::write(path, &sample) {
-            tracing::warn!(path = %path.display(), error = %e, "writing the metrics file failed");
+            tracing::error!(path = %path.display(), error = %e, "writing the metrics file failed: it does not describe this invocation");
         }
     }
 
@@ -226,7 +238,10 @@ fn ran_by(r: &RunRecord) -> String {
 
 async fn read(cfg: &Config, once: &Once, held: &Held) -> Result<Option<RunRecord>, Error> {
     match (&cfg.backend, held.etcd_conn()) {
-        (Backend::Etcd(e), Some(conn)) => etcd::read(conn, &e.prefix, &cfg.name, &once.key).await,
+        (Backend::Etcd(e), Some(conn)) => match held.along() {
+            Some(value) => etcd::parse(&e.prefix, &cfg.name, &once.key, value),
+            None => etcd::read(conn, &e.prefix, &cfg.name, &once.key).await,
+        },
         (Backend::Local { dir }, _) => local::read(dir, &cfg.name, &once.key),
         (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),
     }

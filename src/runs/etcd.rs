@@ -5,21 +5,29 @@
 //!
 //! A record is put in one transaction guarded by the writer's own lock key: it succeeds only
 //! while that key still has the writer's fencing token as its create revision, so a stale holder
-//! is refused. Each record is attached to a lease of its own with TTL --keep: etcd deletes it
-//! when that runs out, and nothing else ever deletes one.
+//! is refused. Each record is attached to a lease of its own with TTL --keep, granted or renewed
+//! as the record is written: etcd deletes it --keep after the run's end, and nothing else ever
+//! deletes one.
 
 use std::time::Duration;
 
-use etcd_client::{GetOptions, PutOptions, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    GetOptions, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tokio::task::JoinHandle;
 
 use super::{RunRecord, Unreadable, Written};
 use crate::error::Error;
 use crate::lease::etcd::client::{guarded_txn, Conn, Guarded};
 
+/// Where the records of every name live.
+pub fn records_prefix(prefix: &str) -> String {
+    format!("{prefix}/runs/")
+}
+
 /// Where the records of `name` live.
 pub fn name_prefix(prefix: &str, name: &str) -> String {
-    format!("{prefix}/runs/{name}/")
+    format!("{}{name}/", records_prefix(prefix))
 }
 
 /// The key of the record of (`name`, `key`).
@@ -42,11 +50,21 @@ pub async fn read(
             async move { c.get(at, None).await }
         })
         .await?;
-    resp.kvs()
-        .first()
-        .map(|kv| RunRecord::parse(kv.value(), name, key))
+    parse(prefix, name, key, resp.kvs().first().map(|kv| kv.value()))
+}
+
+/// The record of (`name`, `key`) in `value`, read at its key; none before its first run.
+pub fn parse(
+    prefix: &str,
+    name: &str,
+    key: &str,
+    value: Option<&[u8]>,
+) -> Result<Option<RunRecord>, Error> {
+    value
+        .map(|v| RunRecord::parse(v, name, key))
         .transpose()
         .map_err(|why| {
+            let at = record_key(prefix, name, key);
             Error::Config(format!(
                 "run record {at} {why}: delete it by hand (etcdctl del), or use another --once KEY"
             ))
@@ -54,32 +72,20 @@ pub async fn read(
 }
 
 /// The lease a run's record will be attached to, asked for while the child runs, so that
-/// recording the run takes one round trip after it ends.
+/// recording the run needs no grant after it ends. It is renewed as the record is written, so
+/// that --keep counts from the end of the run, not from the start of the child.
 pub struct RecordLease(JoinHandle<Result<i64, Error>>);
 
 impl RecordLease {
-    /// Ask etcd for a lease of TTL `keep` (whole seconds, rounded up), in the background.
+    /// Ask etcd for a lease of TTL `keep`, in the background.
     pub fn ask(conn: &Conn, keep: Duration) -> RecordLease {
         let conn = conn.clone();
-        let ttl = keep.as_secs_f64().ceil().max(1.0) as i64;
-        RecordLease(tokio::spawn(async move {
-            let grant = conn
-                .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
-                .await?;
-            Ok(grant.id())
-        }))
+        RecordLease(tokio::spawn(async move { grant(&conn, keep).await }))
     }
 
-    /// The lease's id. Asked for again if the early request failed: it may have been in flight
-    /// while this process was stopped, and its time ran out then.
-    async fn id(self, conn: &Conn, keep: Duration) -> Result<i64, Error> {
-        match self.0.await {
-            Ok(Ok(id)) => Ok(id),
-            _ => RecordLease::ask(conn, keep)
-                .0
-                .await
-                .map_err(|e| Error::internal("asking etcd for a run record's lease", e))?,
-        }
+    /// The lease's id, if the early request got one.
+    async fn granted(self) -> Option<i64> {
+        self.0.await.ok()?.ok()
     }
 
     /// Not needed after all (a lost run records nothing). Nothing waits for etcd on that path:
@@ -89,9 +95,29 @@ impl RecordLease {
     }
 }
 
+/// A lease of TTL `keep` (whole seconds, rounded up).
+async fn grant(conn: &Conn, keep: Duration) -> Result<i64, Error> {
+    let ttl = keep.as_secs_f64().ceil().max(1.0) as i64;
+    let grant = conn
+        .retrying(|mut c| async move { c.lease_grant(ttl, None).await })
+        .await?;
+    Ok(grant.id())
+}
+
+/// Renew lease `id` to its full TTL from now; false when it has run out (a child that ran
+/// longer than --keep) or etcd did not say.
+async fn renew(conn: &Conn, id: i64) -> bool {
+    conn.retrying(|mut c| async move { c.lease_keep_alive(id).await.map(drop) })
+        .await
+        .is_ok()
+}
+
 /// Store `record` under the fencing token: only while `lock` (key, token) still has the token
-/// as its create revision, attached to `lease`. The lease of the record it replaces, or `lease`
-/// when refused, is revoked.
+/// as its create revision, attached to a lease that --keep counts from now. The early `lease`
+/// is renewed in the same moment as the guarded put is sent, so neither waits for the other: a
+/// lease alive when its renewal arrives was alive when the put arrived, whichever came first.
+/// Only when it had run out is a new lease granted, and the record put again. The lease of the
+/// record it replaces, or the one refused, is revoked.
 pub async fn write(
     conn: &Conn,
     prefix: &str,
@@ -100,23 +126,59 @@ pub async fn write(
     lease: RecordLease,
     keep: Duration,
 ) -> Result<Written, Error> {
-    let (lock_key, token) = lock;
-    let lease = lease.id(conn, keep).await?;
+    let mut replaced = None;
+    if let Some(id) = lease.granted().await {
+        let (alive, put) = tokio::join!(renew(conn, id), put(conn, prefix, lock, record, id));
+        match put {
+            Ok(put @ Guarded::Refused { .. }) => return settle(conn, lock, put, id, None).await,
+            Ok(put) if alive => return settle(conn, lock, put, id, None).await,
+            Err(e) if alive => return Err(e),
+            // The lease ran out (the child ran longer than --keep): the put failed, or its
+            // record goes with the lease; what it replaced is still to be revoked.
+            Ok(Guarded::Applied(resp)) => replaced = previous_lease(&resp),
+            Err(_) => {}
+        }
+    }
+    let id = grant(conn, keep).await?;
+    let put = put(conn, prefix, lock, record, id).await?;
+    settle(conn, lock, put, id, replaced).await
+}
+
+/// The guarded put of `record` on lease `id`, reading the record it replaces.
+async fn put(
+    conn: &Conn,
+    prefix: &str,
+    (lock_key, token): (&str, u64),
+    record: &RunRecord,
+    id: i64,
+) -> Result<Guarded, Error> {
     let at = record_key(prefix, &record.name, &record.key);
-    let put = PutOptions::new().with_lease(lease);
+    let put = PutOptions::new().with_lease(id);
     let ops = vec![
         TxnOp::get(at.clone(), None),
         TxnOp::put(at, record.to_json(), Some(put)),
     ];
-    match guarded_txn(conn, lock_key, token as i64, ops).await? {
+    guarded_txn(conn, lock_key, token as i64, ops).await
+}
+
+/// What the guarded put did: on success the replaced record's lease (`replaced` when an earlier
+/// put replaced it) is revoked; when refused, `id` is.
+async fn settle(
+    conn: &Conn,
+    (lock_key, token): (&str, u64),
+    put: Guarded,
+    id: i64,
+    replaced: Option<i64>,
+) -> Result<Written, Error> {
+    match put {
         Guarded::Applied(resp) => {
-            if let Some(old) = previous_lease(&resp) {
+            if let Some(old) = replaced.or_else(|| previous_lease(&resp)) {
                 revoke(conn, old).await;
             }
             Ok(Written::Stored)
         }
         Guarded::Refused { create_revision } => {
-            revoke(conn, lease).await;
+            revoke(conn, id).await;
             let now = create_revision.map_or("none".into(), |r| r.to_string());
             Ok(Written::Refused(format!(
                 "lock key {lock_key} has create revision {now}, not {token}: another holder owns the lease"
@@ -143,17 +205,24 @@ async fn revoke(conn: &Conn, id: i64) {
     }
 }
 
-/// Every record of `name`, and the values there that are not records (with why), for `status`.
+/// The `last` records of `name` written most recently, and the values among them that are not
+/// records (with why), for `status`: one sorted, limited range, so that a name with thousands
+/// of records (`--once-per 1m` keeps ten thousand a week) costs what one with ten does.
 pub async fn list(
     conn: &Conn,
     prefix: &str,
     name: &str,
+    last: usize,
 ) -> Result<Vec<Result<RunRecord, Unreadable>>, Error> {
     let under = name_prefix(prefix, name);
+    let newest = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Mod, SortOrder::Descend)
+        .with_limit(last as i64);
     let resp = conn
         .retrying(|mut c| {
-            let under = under.clone();
-            async move { c.get(under, Some(GetOptions::new().with_prefix())).await }
+            let (under, newest) = (under.clone(), newest.clone());
+            async move { c.get(under, Some(newest)).await }
         })
         .await?;
     Ok(resp

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use super::file::{self, Replace};
 use super::record::{Outcome, RunRecord};
+use crate::error::Error;
+use crate::files::Dir;
 
 /// One invocation, as the metrics file reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,6 +135,44 @@ fn once(f: &mut Family, name: &str, key: &str, record: Option<&RunRecord>) {
             &labels,
             r.end,
         );
+    }
+}
+
+/// Refuse a PATH that another user planted or could replace (78): PATH must be absent or a
+/// regular file of ours, in a folder owned by us or root that nobody else can write unless it
+/// is sticky (where nobody else can remove or rename our file). Looked at through the folder's
+/// descriptor, never following a link at PATH, before anything is acquired.
+pub fn check_place(path: &Path) -> Result<(), Error> {
+    let refused =
+        |why: String| Error::Config(format!("refusing --metrics-file {}: {why}", path.display()));
+    let dir = Dir::containing(path)?;
+    let st = nix::sys::stat::fstat(dir.fd())
+        .map_err(|e| Error::Config(format!("{}: {e}", dir.path().display())))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let folder = dir.path().display();
+    if st.st_uid != euid && st.st_uid != 0 {
+        return Err(refused(format!(
+            "its folder {folder} is owned by uid {}, who can replace the file",
+            st.st_uid
+        )));
+    }
+    if st.st_mode & 0o022 != 0 && st.st_mode & 0o1000 == 0 {
+        return Err(refused(format!(
+            "its folder {folder} is writable by group or others and not sticky (mode {:o}), so another user can replace the file; chmod +t or go-w it",
+            st.st_mode & 0o7777
+        )));
+    }
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    match dir.stat(&name) {
+        None => Ok(()),
+        Some(f) if f.st_mode & libc::S_IFMT != libc::S_IFREG => Err(refused(
+            "it is not a regular file (a directory, a link, a FIFO...); remove it".into(),
+        )),
+        Some(f) if f.st_uid != euid => Err(refused(format!(
+            "it is owned by uid {}, not by uid {euid}; remove it",
+            f.st_uid
+        ))),
+        Some(_) => Ok(()),
     }
 }
 

@@ -79,6 +79,13 @@ pub fn check_period(per: Duration) -> Result<(), String> {
             "--once-per {per:?} is too short: a slot must be at least 1s"
         ));
     }
+    if per > super::MAX_KEEP {
+        return Err(format!(
+            "--once-per {} is too long: a slot's record is kept for the whole slot, and records are kept for {} at most",
+            humantime::format_duration(per),
+            humantime::format_duration(super::MAX_KEEP)
+        ));
+    }
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 
 use super::{Holder, LeaseStatus};
 use crate::config::EtcdConfig;
@@ -16,22 +16,25 @@ const BACKEND: &str = "etcd";
 /// The lease `name`, or every lease under the prefix by name.
 pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error> {
     let conn = Conn::dial(cfg).await?;
-    let range = match name {
-        Some(n) => format!("{}{n}/", cfg.prefix),
-        None => cfg.prefix.clone(),
-    };
-    let opts = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let txn = Txn::new().and_then(lock_ranges(&cfg.prefix, name));
     let resp = conn
         .retrying(|mut c| {
-            let (range, opts) = (range.clone(), opts.clone());
-            async move { c.get(range, Some(opts)).await }
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
         })
         .await?;
-    // Sorted by create revision, so the first key seen of a name is its owner.
+    let ranges = resp.op_responses();
+    let kvs: Vec<&KeyValue> = ranges
+        .iter()
+        .flat_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs(),
+            _ => &[],
+        })
+        .collect();
+    // Each range sorted by create revision, and a name's keys all in one range, so the first
+    // key seen of a name is its owner.
     let mut queues: BTreeMap<&str, (&KeyValue, u64)> = BTreeMap::new();
-    for kv in resp.kvs() {
+    for kv in kvs {
         if let Some(n) = lease_name(&cfg.prefix, kv.key()) {
             queues.entry(n).or_insert((kv, 0)).1 += 1;
         }
@@ -44,6 +47,39 @@ pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseSta
         out.push(LeaseStatus::free(n, BACKEND));
     }
     Ok(out)
+}
+
+/// The ranges that hold the lock keys of `name`, or of every name, each sorted by create
+/// revision: every name's queue `PREFIX NAME/` lies below `PREFIX /` or from `PREFIX 0` on (a name
+/// has no '/'), so the run records under `PREFIX/runs/`, thousands per name, are never read.
+fn lock_ranges(prefix: &str, name: Option<&str>) -> Vec<TxnOp> {
+    let sorted = || GetOptions::new().with_sort(SortTarget::Create, SortOrder::Ascend);
+    if let Some(n) = name {
+        return vec![TxnOp::get(
+            format!("{prefix}{n}/"),
+            Some(sorted().with_prefix()),
+        )];
+    }
+    // etcd takes no empty key: "\0" is the first key there is.
+    let start = if prefix.is_empty() { "\0" } else { prefix };
+    let records = format!("{prefix}/");
+    let after = format!("{prefix}0");
+    vec![
+        TxnOp::get(start, Some(sorted().with_range(records))),
+        TxnOp::get(after, Some(sorted().with_range(prefix_end(prefix)))),
+    ]
+}
+
+/// The end of the range of every key that starts with `prefix` ("\0", every key, for '').
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
 }
 
 /// The lease name of a lock key `PREFIX NAME/<hex>`; none for any other key under the prefix.
@@ -86,6 +122,20 @@ async fn held(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listing_ranges_cover_every_queue_and_leave_out_the_run_records() {
+        assert_eq!(prefix_end("lw/"), b"lw0");
+        assert_eq!(prefix_end(""), b"\0");
+        // Every first character of a name falls in one of the two ranges, never between them.
+        let (below, from) = ('/', '0');
+        for c in (0u8..128)
+            .map(char::from)
+            .filter(|c| crate::config::check_name(&c.to_string()).is_ok())
+        {
+            assert!(c < below || c >= from, "{c:?}");
+        }
+    }
 
     #[test]
     fn lock_keys_name_their_lease_and_other_keys_are_skipped() {

@@ -28,7 +28,7 @@ impl<'a> Reader<'a> {
     async fn last(&self, name: &str) -> Result<(Vec<RunRecord>, Vec<Unreadable>), Error> {
         let all = match self {
             Reader::Local(dir) => runs::local::list(dir, name),
-            Reader::Etcd(conn, cfg) => runs::etcd::list(conn, &cfg.prefix, name).await?,
+            Reader::Etcd(conn, cfg) => runs::etcd::list(conn, &cfg.prefix, name, LAST).await?,
         };
         let (mut good, mut bad): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
         for r in all {

@@ -8,6 +8,7 @@
 //! number of lines. Waits are bounded and wait for exits, files and process states; the only
 //! fixed pauses are the 40 ms between the five hosts' starts, which is the scenario itself.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
@@ -58,6 +59,9 @@ on_every_backend!(
     a_foreign_record_exits_78_and_runs_nothing,
     a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_status,
     status_lists_the_runs_of_names_nobody_holds_with_every_time_in_unix_seconds,
+    keep_beyond_its_bound_or_shorter_than_the_slot_exits_64_naming_the_bound,
+    without_keep_a_once_per_slot_longer_than_a_week_is_kept_twice_the_slot,
+    a_child_that_runs_longer_than_keep_records_its_success_kept_from_its_end,
 );
 
 /// The lease TTL of these tests: etcd's minimum, so a SIGKILLed holder's lease runs out soon.
@@ -464,6 +468,124 @@ fn bad_once_input_exits_64_with_one_line_and_acquires_nothing(on: On) {
     assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
 }
 
+fn keep_beyond_its_bound_or_shorter_than_the_slot_exits_64_naming_the_bound(on: On) {
+    let fleet = Fleet::new(on, "bounds");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--once", "k", "--keep", "9223372036854775807"],
+            "10years at most",
+        ),
+        (&["--once", "k", "--keep", "300y"], "10years at most"),
+        (
+            &["--once-per", "1d", "--keep", "1s"],
+            "shorter than the --once-per slot (1day)",
+        ),
+        (
+            &["--once-per", "30d", "--keep", "7d"],
+            "shorter than the --once-per slot (30days)",
+        ),
+        (&["--once-per", "11y"], "10years at most"),
+    ];
+    for (case, says) in cases {
+        let out = fleet.lw().args(case).cmd(&fleet.job("ran", 0)).output();
+        assert_exit(&out, 64);
+        let lines: Vec<&str> = out.stderr.trim_end().lines().collect();
+        assert_eq!(lines.len(), 1, "{case:?}: {}", out.stderr);
+        assert!(lines[0].contains(says), "{case:?}: {}", out.stderr);
+    }
+    assert!(fleet.runs().is_empty());
+    assert!(fleet.lease_state().is_empty(), "{:?}", fleet.lease_state());
+    let at_the_bound = fleet.lw().args(&["--once", "k", "--keep", "10y"]);
+    assert_exit(&at_the_bound.cmd(&fleet.job("ran", 0)).output(), 0);
+}
+
+/// Seconds the record of `key` is kept after its run's end, as it says.
+#[track_caller]
+fn kept_after_end(fleet: &Fleet, key: &str) -> f64 {
+    let record = fleet.record(key).expect("the run left a record");
+    record["keep_until"].as_f64().unwrap() - record["end"].as_f64().unwrap()
+}
+
+fn without_keep_a_once_per_slot_longer_than_a_week_is_kept_twice_the_slot(on: On) {
+    let fleet = Fleet::new(on, "longslot");
+    const DAY: f64 = 86_400.0;
+    let out = fleet
+        .lw()
+        .args(&["--once-per", "30d", "-v"])
+        .cmd(&fleet.job("ran", 0))
+        .output();
+    assert_exit(&out, 0);
+    let key = slot_key_of(&fleet, "30d");
+    let kept = kept_after_end(&fleet, &key);
+    assert!((kept - 60.0 * DAY).abs() < 1.0, "kept {kept} s");
+    assert_exit(
+        &fleet.lw().args(&["--once", "k"]).cmd(&["true"]).output(),
+        0,
+    );
+    let kept = kept_after_end(&fleet, "k");
+    assert!(
+        (kept - 7.0 * DAY).abs() < 1.0,
+        "--once alone keeps 7 days: {kept} s"
+    );
+}
+
+/// The KEY the one --once-per `per` run of `fleet` recorded (the only key under its name).
+#[track_caller]
+fn slot_key_of(fleet: &Fleet, per: &str) -> String {
+    let json: Value = serde_json::from_str(&fleet.status(&["--json"]).stdout).unwrap();
+    let key = json["runs"][0]["key"].as_str();
+    key.unwrap_or_else(|| panic!("a --once-per {per} record in status: {json}"))
+        .to_owned()
+}
+
+fn a_child_that_runs_longer_than_keep_records_its_success_kept_from_its_end(on: On) {
+    let fleet = Fleet::new(on, "longrun");
+    let args = ["--once", "k2", "--keep", "2s"];
+    let script = format!("echo ran >> {}; sleep 2.5", q(&fleet.runs_file()));
+    let first = fleet.lw().args(&args).cmd(&["sh", "-c", &script]).output();
+    assert_exit(&first, 0);
+    let second = fleet.lw().args(&args).cmd(&["sh", "-c", &script]).output();
+    assert_exit(&second, 75);
+    assert_eq!(fleet.runs(), ["ran"]);
+    assert_eq!(fleet.record("k2").unwrap()["outcome"], "ran-ok");
+    assert!((kept_after_end(&fleet, "k2") - 2.0).abs() < 0.01);
+    if let On::Etcd(v) = on {
+        a_lease_granted_at_the_childs_start_is_renewed_as_the_record_is_written(&fleet, v);
+    }
+}
+
+/// A child of 2.5 s with --keep 4s: the record's lease, granted as the child started, has 4 s
+/// left again when the record is written, not the 1.5 s its grant would have left.
+#[track_caller]
+fn a_lease_granted_at_the_childs_start_is_renewed_as_the_record_is_written(
+    fleet: &Fleet,
+    v: Version,
+) {
+    let args = ["--once", "k3", "--keep", "4s"];
+    assert_exit(&fleet.lw().args(&args).cmd(&["sleep", "2.5"]).output(), 0);
+    let at = format!("{}/runs/{}/k3", fleet.prefix, fleet.name);
+    let kv: Value =
+        serde_json::from_str(&etcd::shared(v).etcdctl_ok(&["get", "-w", "json", &at])).unwrap();
+    let lease = format!(
+        "{:x}",
+        kv["kvs"][0]["lease"]
+            .as_i64()
+            .expect("the record has a lease")
+    );
+    let ttl: Value = serde_json::from_str(&etcd::shared(v).etcdctl_ok(&[
+        "lease",
+        "timetolive",
+        "-w",
+        "json",
+        &lease,
+    ]))
+    .unwrap();
+    assert!(
+        ttl["ttl"].as_i64().unwrap() >= 2,
+        "the record's lease was not renewed at its write: {ttl}"
+    );
+}
+
 #[test]
 fn a_metrics_file_in_a_folder_the_user_cannot_write_exits_64_and_runs_nothing() {
     let other = crate::support::user::other();
@@ -561,6 +683,173 @@ fn late_success_of_a_paused_holder(v: Version) {
         fleet.runs(),
         ["a".to_owned(), format!("b {}", record["token"])]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local backend: a write sweeps a name's records once per eighth of its keep, not every time.
+// ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: a holder of another lock cannot write a record, or into a lock's queue.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_holder_of_another_lock_cannot_mark_a_job_done_through_fenced_put_on_etcd_3_4() {
+    fenced_put_cannot_forge_a_record(Version::V3_4);
+}
+
+#[test]
+fn the_holder_of_another_lock_cannot_mark_a_job_done_through_fenced_put_on_etcd_3_5() {
+    fenced_put_cannot_forge_a_record(Version::V3_5);
+}
+
+/// A child of lock `other` tries `fenced-put` of a forged success of `victim`'s KEY, and of a
+/// key in `victim`'s lock queue: both are refused (64), and `victim` then runs KEY.
+fn fenced_put_cannot_forge_a_record(v: Version) {
+    let fleet = Fleet::new(On::Etcd(v), "victim");
+    let forged = r#"{"format":"leasewrap-run/1","name":"victim","key":"k","outcome":"ran-ok","attempts":1,"host":"h","pid":1,"token":1,"start":0,"end":0,"exit_status":0,"signal":null,"keep_until":4e9}"#;
+    let (codes, bin) = (fleet.sandbox.path("codes"), crate::support::BIN);
+    let script = format!(
+        "{bin} fenced-put \"$LEASEWRAP_PREFIX/runs/victim/k\" '{forged}'; echo $? >> {codes}; \
+         {bin} fenced-put \"${{LEASEWRAP_PREFIX}}victim/x\" v; echo $? >> {codes}",
+        codes = q(&codes)
+    );
+    let attacker = Leasewrap::new()
+        .on_etcd(&etcd::shared(v).endpoint(), &fleet.prefix)
+        .name("other")
+        .cmd(&["sh", "-c", &script]);
+    let out = attacker.output();
+    assert_exit(&out, 0);
+    assert_eq!(
+        fs::read_to_string(&codes).unwrap(),
+        "64\n64\n",
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("run records"), "{}", out.stderr);
+    assert_eq!(fleet.record("k"), None);
+    let victim = fleet
+        .lw()
+        .args(&["--once", "k", "-n"])
+        .cmd(&fleet.job("ran", 0))
+        .output();
+    assert_exit(&victim, 0);
+    assert_eq!(fleet.runs(), ["ran"]);
+    assert_eq!(fleet.record("k").unwrap()["outcome"], "ran-ok");
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: status reads the newest records of a name, not all of them.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn status_reads_only_the_newest_runs_of_a_name_with_5_mb_of_records_on_etcd_3_5() {
+    let fleet = Fleet::new(On::Etcd(Version::V3_5), "many");
+    // 50 records of 100 kB (one argument's most): more than a client takes in one answer (4 MB).
+    let host = "h".repeat(100_000);
+    for i in 0..50 {
+        let key = format!("k{i:02}");
+        let record = serde_json::json!({
+            "format": "leasewrap-run/1", "name": "many", "key": key, "outcome": "ran-ok",
+            "attempts": 1, "host": host, "pid": 1, "token": i + 1, "start": 1.8e9 + f64::from(i),
+            "end": 1.8e9 + f64::from(i), "exit_status": 0, "signal": null, "keep_until": 4e9,
+        });
+        fleet.plant_record(&key, &record.to_string());
+    }
+    let status = fleet.status(&["--json"]);
+    let json: Value = serde_json::from_str(&status.stdout).unwrap_or_else(|_| {
+        let stderr: String = status.stderr.chars().take(2000).collect();
+        panic!("status --json printed no JSON: {stderr}")
+    });
+    let keys: Vec<&str> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    let newest: Vec<String> = (40..50).rev().map(|i| format!("k{i}")).collect();
+    assert_eq!(keys, newest);
+    // Listing every lease reads the lock queues, not the records between them.
+    let holder = Job::hold(fleet.lw(), &fleet.sandbox, "holder");
+    let every = Leasewrap::subcommand("status")
+        .on_etcd(&etcd::shared(Version::V3_5).endpoint(), &fleet.prefix)
+        .args(&["--json"])
+        .output();
+    let names: Vec<Value> = serde_json::from_str(&every.stdout).unwrap_or_default();
+    assert_eq!(
+        names.len(),
+        1,
+        "{}",
+        every.stderr.chars().take(2000).collect::<String>()
+    );
+    assert_eq!(
+        (names[0]["name"].as_str(), names[0]["held"].as_bool()),
+        (Some("many"), Some(true))
+    );
+    drop(holder);
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: what --once costs in requests.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn once_reads_its_record_in_the_lock_transaction_with_no_request_of_its_own_on_etcd_3_4() {
+    once_costs_no_read_of_its_own(Version::V3_4);
+}
+
+#[test]
+fn once_reads_its_record_in_the_lock_transaction_with_no_request_of_its_own_on_etcd_3_5() {
+    once_costs_no_read_of_its_own(Version::V3_5);
+}
+
+/// The requests one run of `lw` made to `server` (its own etcd: no other test's requests),
+/// by method (`started[Range]`, ...).
+fn requests_of(server: &etcd::Etcd, lw: Leasewrap, code: i32) -> BTreeMap<String, f64> {
+    let scrape = || crate::bench_prom::Scrape::parse(&server.metrics());
+    let before = scrape();
+    assert_exit(&lw.output(), code);
+    let mut delta = scrape().counters_since(&before);
+    delta.retain(|k, _| k.starts_with("started["));
+    delta
+}
+
+/// A first --once run, and one that finds KEY done, make no Range request: the record is read
+/// in the lock transaction. The first one's record write is a Txn, a LeaseGrant and the renewal
+/// of that lease; the skip makes the plain run's requests and nothing more (the watch of the
+/// own key aside, which may or may not start before a skip releases the lease).
+fn once_costs_no_read_of_its_own(v: Version) {
+    let server = etcd::Etcd::start(v);
+    let prefix = etcd::unique_prefix("cost");
+    let lw = || {
+        Leasewrap::new()
+            .on_etcd(&server.endpoint(), &prefix)
+            .name("cost")
+    };
+    let plain = requests_of(&server, lw().cmd(&["true"]), 0);
+    let first = requests_of(&server, lw().args(&["--once", "k"]).cmd(&["true"]), 0);
+    let skip = requests_of(&server, lw().args(&["--once", "k"]).cmd(&["true"]), 75);
+    for run in [&plain, &first, &skip] {
+        assert_eq!(run.get("started[Range]"), None, "{run:?}");
+    }
+    let more =
+        |m: &str| first.get(m).copied().unwrap_or(0.0) - plain.get(m).copied().unwrap_or(0.0);
+    assert_eq!(
+        (
+            more("started[Txn]"),
+            more("started[LeaseGrant]"),
+            more("started[LeaseKeepAlive]")
+        ),
+        (1.0, 1.0, 1.0),
+        "plain {plain:?}, --once {first:?}"
+    );
+    let mut skip = skip;
+    let mut plain = plain;
+    // The watch on the own key starts as the lease is ours, racing a skip's release.
+    for run in [&mut skip, &mut plain] {
+        run.remove("started[Watch]");
+    }
+    assert_eq!(skip, plain, "a skip costs what a plain run does");
 }
 
 // ---------------------------------------------------------------------------------------------

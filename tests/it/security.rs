@@ -661,3 +661,101 @@ fn a_refused_lock_file_is_a_row_of_the_listing_and_status_exits_78() {
         .collect();
     assert_eq!(refused.len(), 2, "{json}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// --metrics-file in a folder other users share (issue 18, item 9).
+
+/// A sandbox where the second user has a state directory of its own (`theirs`), and where
+/// `shared` is sticky and writable by all (1777), as /tmp or a shared textfile folder is.
+struct Shared {
+    sb: Sandbox,
+    other: user::User,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        let other = user::other();
+        let sb = Sandbox::new();
+        chmod(&sb.path(""), 0o755);
+        for (dir, mode) in [("theirs", 0o755), ("shared", 0o1777), ("open", 0o777)] {
+            fs::create_dir(sb.path(dir)).unwrap();
+            chmod(&sb.path(dir), mode);
+        }
+        other.owns(&sb.path("theirs"));
+        Shared { sb, other }
+    }
+
+    /// The second user's run of lease `job` with `--metrics-file prom`, whose child leaves
+    /// `theirs/ran`.
+    fn job(&self, prom: &Path) -> Leasewrap {
+        let ran = self.sb.path("theirs/ran");
+        self.script_job(prom, &format!("touch {}", ran.to_str().unwrap()))
+    }
+
+    fn script_job(&self, prom: &Path, script: &str) -> Leasewrap {
+        Leasewrap::new()
+            .run_as(self.other)
+            .local_dir(self.sb.path("theirs"))
+            .name("job")
+            .args(&["--metrics-file", prom.to_str().unwrap()])
+            .cmd(&["sh", "-c", script])
+    }
+}
+
+#[test]
+fn a_metrics_file_another_user_planted_or_could_replace_is_refused_with_78_before_anything_runs() {
+    let s = Shared::new();
+    let forged = "leasewrap_outcome{name=\"job\",outcome=\"ran-ok\"} 1\n";
+    let planted = s.sb.path("shared/planted.prom");
+    fs::write(&planted, forged).unwrap();
+    let dir = s.sb.path("theirs/dir.prom");
+    fs::create_dir(&dir).unwrap();
+    s.other.owns(&dir);
+    for (prom, says) in [
+        (planted.clone(), "owned by uid 0"),
+        (s.sb.path("open/job.prom"), "not sticky"),
+        (dir, "not a regular file"),
+    ] {
+        let out = s.job(&prom).output();
+        assert_exit(&out, 78);
+        let lines: Vec<&str> = out.stderr.trim_end().lines().collect();
+        assert_eq!(lines.len(), 1, "one line{}", out.context());
+        assert!(lines[0].contains(says), "names {says}{}", out.context());
+        assert!(
+            !s.sb.path("theirs/ran").exists(),
+            "the child ran{}",
+            out.context()
+        );
+        assert!(!s.sb.path("theirs/job.lock").exists(), "nothing acquired");
+    }
+    assert_eq!(fs::read_to_string(&planted).unwrap(), forged);
+    assert!(!s.sb.path("open/job.prom").exists());
+    let prom = s.sb.path("shared/job.prom");
+    assert_exit(&s.job(&prom).output(), 0);
+    let text = fs::read_to_string(&prom).expect("a free name in a sticky folder is written");
+    assert!(text.contains("leasewrap_outcome"), "{text}");
+}
+
+#[test]
+fn a_metrics_file_planted_while_the_child_runs_is_an_error_line_even_with_q_and_the_status_stands()
+{
+    let s = Shared::new();
+    let prom = s.sb.path("shared/job.prom");
+    let (started, go) = (s.sb.path("theirs/started"), s.sb.path("theirs/go"));
+    let script = format!(
+        "touch {}; i=0; while [ ! -e {} ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; exit 3",
+        started.display(),
+        go.display()
+    );
+    let mut run = s.script_job(&prom, &script).args(&["-q"]).spawn();
+    crate::support::wait_for_file(&started, crate::support::STARTUP);
+    fs::write(&prom, "planted\n").unwrap();
+    fs::write(&go, "").unwrap();
+    run.wait_timeout(RUN_BOUND);
+    assert_exit(&run, 3);
+    let stderr = run.stderr();
+    let lines: Vec<&str> = stderr.trim_end().lines().collect();
+    assert_eq!(lines.len(), 1, "one line under -q{}", run.context());
+    assert!(lines[0].contains("metrics file"), "{}", run.context());
+    assert_eq!(fs::read_to_string(&prom).unwrap(), "planted\n");
+}

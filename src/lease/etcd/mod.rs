@@ -32,6 +32,9 @@ pub struct Etcd {
     params: Params,
     /// How far the attempt in progress got, so that an abandoned one can be undone.
     attempt: Attempt,
+    /// A key to read along with the lock's own looks (a run record), at the revision that
+    /// confirms the lease ours.
+    along: Option<String>,
 }
 
 /// What an attempt to take the lease has made so far.
@@ -49,6 +52,8 @@ pub struct EtcdHeld {
     conn: Conn,
     session: Session,
     queued: Queued,
+    /// The `along` key's value when the lease was confirmed ours; none when none was asked for.
+    along: Option<Option<Vec<u8>>>,
     /// Bound on the revoke at release.
     release_within: Duration,
 }
@@ -62,7 +67,14 @@ impl Etcd {
             cfg: cfg.clone(),
             params,
             attempt: Attempt::None,
+            along: None,
         })
+    }
+
+    /// Read `key` in the same transactions that take the lease and confirm it ours, so that
+    /// its value as the lease became ours costs no request of its own ([`EtcdHeld::along`]).
+    pub fn read_along(&mut self, key: String) {
+        self.along = Some(key);
     }
 
     /// Take the lease `name`, queueing behind earlier holders when `block`. A waiter whose own
@@ -78,18 +90,21 @@ impl Etcd {
             let turn = match queued.owned {
                 true => Turn::Ours {
                     read_at: queued.read_at,
+                    along: queued.along.clone(),
                 },
                 false if !block => return Err(Error::Busy { name: name.into() }),
                 false => {
                     // The waiter's own key's revision: its token once its turn comes, not the holder's.
                     tracing::info!(name = %name, token_once_acquired = queued.revision, "waiting for the lease");
+                    let along = (name, self.along.as_deref());
                     let mut members = Members::new(&self.cfg, &self.conn);
                     let recheck = members.several().then_some(recheck);
-                    mutex::wait_turn(&mut members, &self.cfg, name, &queued, recheck, state).await?
+                    mutex::wait_turn(&mut members, &self.cfg, along, &queued, recheck, state)
+                        .await?
                 }
             };
-            if let Turn::Ours { read_at } = turn {
-                if let Some(held) = self.confirm(queued, read_at) {
+            if let Turn::Ours { read_at, along } = turn {
+                if let Some(held) = self.confirm(queued, read_at, along) {
                     return Ok(held);
                 }
             }
@@ -109,7 +124,8 @@ impl Etcd {
         let (id, renew_every) = (grant.id, grant.renew_every());
         crate::log::note(None, None, Some(id));
         self.attempt = Attempt::Granted(id);
-        let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record).await?;
+        let along = self.along.as_deref();
+        let queued = mutex::enqueue(&self.conn, &self.cfg, name, id, record, along).await?;
         let own = OwnKey {
             key: queued.key.clone(),
             revision: queued.revision,
@@ -124,8 +140,13 @@ impl Etcd {
     /// After our turn came: the key must still be ours and `D` still ahead (etcd 3.4 does not
     /// re-check after a wait). The key was read at `read_at`, by the lock transaction itself when
     /// there was no wait, else by the last look of the wait; `D` is checked now. Starts the
-    /// watch on the own key from that revision on.
-    fn confirm(&mut self, queued: Queued, read_at: i64) -> Option<EtcdHeld> {
+    /// watch on the own key from that revision on. `along` is the value read with the key.
+    fn confirm(
+        &mut self,
+        queued: Queued,
+        read_at: i64,
+        along: Option<Vec<u8>>,
+    ) -> Option<EtcdHeld> {
         let Attempt::Kept(session) = &self.attempt else {
             return None;
         };
@@ -142,6 +163,7 @@ impl Etcd {
             conn: self.conn.clone(),
             session,
             queued,
+            along: self.along.as_ref().map(|_| along),
             release_within: self.cfg.dial_timeout.min(Duration::from_secs(1)),
         })
     }
@@ -168,6 +190,12 @@ impl EtcdHeld {
 
     pub fn lease_id(&self) -> i64 {
         self.session.id()
+    }
+
+    /// The value the `along` key had as the lease became ours (none: it was not there); none
+    /// when no key was asked for.
+    pub fn along(&self) -> Option<Option<&[u8]>> {
+        self.along.as_ref().map(Option::as_deref)
     }
 
     /// The connection, for writes guarded by the lock key's create revision.

@@ -2,7 +2,9 @@
 //! under a `create_revision == 0` guard in one transaction that also reads the owner (the
 //! lowest create revision under `PREFIX NAME/`); a waiter watches only the key just ahead of its
 //! own; and the own key is watched while held. Every look is a transaction (a linearizable read),
-//! so no answer of a member that has fallen behind is acted on. Knows nothing of renewals.
+//! so no answer of a member that has fallen behind is acted on. Each look may read one more key
+//! (`along`, a run record) at the same revision, so the caller learns it with no request of its
+//! own. Knows nothing of renewals.
 
 use std::time::Duration;
 
@@ -30,13 +32,19 @@ pub struct Queued {
     pub owned: bool,
     /// The revision the lock transaction read at.
     pub read_at: i64,
+    /// The value of the `along` key at that revision, if it was asked for and is there.
+    pub along: Option<Vec<u8>>,
 }
 
 /// How waiting for the turn ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Turn {
-    /// Every key ahead is gone and the own key is still ours, as read at this revision.
-    Ours { read_at: i64 },
+    /// Every key ahead is gone and the own key is still ours, as read at this revision, when
+    /// the `along` key had this value.
+    Ours {
+        read_at: i64,
+        along: Option<Vec<u8>>,
+    },
     /// The own lease or key was lost first.
     Lost,
 }
@@ -48,16 +56,18 @@ fn queue_of(cfg: &EtcdConfig, name: &str) -> String {
     format!("{}{name}/", cfg.prefix)
 }
 
-/// Put our key (on `lease_id`) behind the others and read who owns the lock, in one transaction.
+/// Put our key (on `lease_id`) behind the others and read who owns the lock, and `along`, in one
+/// transaction.
 pub async fn enqueue(
     conn: &Conn,
     cfg: &EtcdConfig,
     name: &str,
     lease_id: i64,
     record: &[u8],
+    along: Option<&str>,
 ) -> Result<Queued, Error> {
     let key = format!("{}{lease_id:x}", queue_of(cfg, name));
-    let txn = lock_txn(&key, &queue_of(cfg, name), lease_id, record);
+    let txn = lock_txn(&key, &queue_of(cfg, name), lease_id, record, along);
     let resp = conn
         .retrying(|mut c| {
             let txn = txn.clone();
@@ -68,37 +78,41 @@ pub async fn enqueue(
 }
 
 /// Create the key unless it exists (a retried transaction finds its own earlier put), and read
-/// it and the owner.
-fn lock_txn(key: &str, queue: &str, lease_id: i64, record: &[u8]) -> Txn {
+/// it, the owner and `along`.
+fn lock_txn(key: &str, queue: &str, lease_id: i64, record: &[u8], along: Option<&str>) -> Txn {
     let owner = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1);
     let put = PutOptions::new().with_lease(lease_id);
+    let along = || along.map(|k| TxnOp::get(k, None));
+    let created = [
+        TxnOp::put(key, record, Some(put)),
+        TxnOp::get(queue, Some(owner.clone())),
+    ];
+    let there = [TxnOp::get(key, None), TxnOp::get(queue, Some(owner))];
     Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(key, record, Some(put)),
-            TxnOp::get(queue, Some(owner.clone())),
-        ])
-        .or_else([TxnOp::get(key, None), TxnOp::get(queue, Some(owner))])
+        .and_then(created.into_iter().chain(along()).collect::<Vec<_>>())
+        .or_else(there.into_iter().chain(along()).collect::<Vec<_>>())
 }
 
 fn queued_from(key: String, resp: &TxnResponse) -> Result<Queued, Error> {
     let firsts = first_kvs(resp);
     let create_rev = |kv: Option<&Option<KeyValue>>| kv?.as_ref().map(KeyValue::create_revision);
     let read_at = read_at(resp.header());
-    // The put's revision is the header's; otherwise the key was there already.
-    let revision = match resp.succeeded() {
-        true => Some(read_at).filter(|&r| r > 0),
-        false => create_rev(firsts.first()),
+    // The put's revision is the header's; otherwise the key was there already, and read first.
+    let (revision, owner_at) = match resp.succeeded() {
+        true => (Some(read_at).filter(|&r| r > 0), 0),
+        false => (create_rev(firsts.first()), 1),
     };
-    match (revision, create_rev(firsts.last())) {
+    match (revision, create_rev(firsts.get(owner_at))) {
         (Some(revision), Some(owner)) => Ok(Queued {
             key,
             revision,
             owned: owner == revision,
             read_at,
+            along: value(firsts.get(owner_at + 1)),
         }),
         _ => Err(Error::Internal(format!(
             "etcd answered the lock transaction for {key} without the keys"
@@ -106,10 +120,15 @@ fn queued_from(key: String, resp: &TxnResponse) -> Result<Queued, Error> {
     }
 }
 
+/// The value of a key a transaction read, if it was there.
+fn value(kv: Option<&Option<KeyValue>>) -> Option<Vec<u8>> {
+    kv?.as_ref().map(|kv| kv.value().to_vec())
+}
+
 /// What one look at the queue found.
 enum Look {
-    /// Nothing ahead, and the own key ours: read at this revision.
-    Clear(i64),
+    /// Nothing ahead, and the own key ours: read at this revision, with `along`'s value.
+    Clear(i64, Option<Vec<u8>>),
     /// This key is ahead; watch it from after this revision.
     Behind(Vec<u8>, i64),
     /// The own key is gone or someone else's.
@@ -118,19 +137,20 @@ enum Look {
 
 /// Wait until every key created before ours is gone. Each look reads, in one transaction, the
 /// newest key ahead of ours and our own key, so the read that finds the way clear also confirms
-/// the key is still ours. Looks and watches go through one member at a time; a look that fails
-/// moves on to the next. With `recheck`, a watch is given up after that long and the queue looked
-/// at again: a watch on a member whose raft loop is stuck stays silent while the others expire
-/// the key ahead, and that look, through the stuck member, fails and moves on.
+/// the key is still ours; and `along`, as it is when our turn comes. Looks and watches go through
+/// one member at a time; a look that fails moves on to the next. With `recheck`, a watch is given
+/// up after that long and the queue looked at again: a watch on a member whose raft loop is stuck
+/// stays silent while the others expire the key ahead, and that look, through the stuck member,
+/// fails and moves on.
 pub async fn wait_turn(
     members: &mut Members,
     cfg: &EtcdConfig,
-    name: &str,
+    (name, along): (&str, Option<&str>),
     queued: &Queued,
     recheck: Option<Duration>,
     mut state: watch::Receiver<KeeperState>,
 ) -> Result<Turn, Error> {
-    let look = look_txn(&queue_of(cfg, name), queued);
+    let look = look_txn(&queue_of(cfg, name), queued, along);
     let within = recheck.map_or(cfg.dial_timeout, |r| r.min(cfg.dial_timeout));
     loop {
         if state.borrow().lost.is_some() {
@@ -147,7 +167,7 @@ pub async fn wait_turn(
             }
         };
         match judge_look(&resp, queued.revision) {
-            Look::Clear(read_at) => return Ok(Turn::Ours { read_at }),
+            Look::Clear(read_at, along) => return Ok(Turn::Ours { read_at, along }),
             Look::Lost => return Ok(Turn::Lost),
             Look::Behind(ahead, read_at) => {
                 let watch = Watch {
@@ -177,16 +197,18 @@ async fn look_through(
     Ok((conn.call(within, txn).await?, conn.client()))
 }
 
-fn look_txn(queue: &str, queued: &Queued) -> Txn {
+fn look_txn(queue: &str, queued: &Queued, along: Option<&str>) -> Txn {
     let ahead = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
         .with_max_create_revision(queued.revision - 1)
         .with_limit(1);
-    Txn::new().and_then([
+    let looks = [
         TxnOp::get(queue, Some(ahead)),
         TxnOp::get(queued.key.as_str(), None),
-    ])
+    ];
+    let along = along.map(|k| TxnOp::get(k, None));
+    Txn::new().and_then(looks.into_iter().chain(along).collect::<Vec<_>>())
 }
 
 fn judge_look(resp: &TxnResponse, revision: i64) -> Look {
@@ -196,7 +218,7 @@ fn judge_look(resp: &TxnResponse, revision: i64) -> Look {
         return Look::Lost;
     }
     match first(0) {
-        None => Look::Clear(read_at(resp.header())),
+        None => Look::Clear(read_at(resp.header()), value(firsts.get(2))),
         Some(kv) => Look::Behind(kv.key().to_vec(), read_at(resp.header())),
     }
 }
