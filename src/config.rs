@@ -144,7 +144,8 @@ impl Config {
             (false, Some(d)) => Wait::For(d),
             (false, None) => Wait::Forever,
         };
-        Ok(Config {
+        let now = SystemTime::now();
+        let cfg = Config {
             name,
             command,
             params,
@@ -155,10 +156,27 @@ impl Config {
                 lost: args.lost_exit_code,
             },
             backend: backend(&args.conn, args.local_dir.as_deref(), env)?,
-            once: once(args, SystemTime::now())?,
+            once: once(args, now)?,
             max_runtime: max_runtime(args.max_runtime, effective.kill_after)?,
             metrics_file: metrics_file(args.metrics_file.as_deref())?,
-        })
+        };
+        warn_if_ahead_of_its_slot(args, now);
+        Ok(cfg)
+    }
+}
+
+/// A --once-per run whose slot starts well after it is likely a run by hand that uses up
+/// tonight's slot: say so, once every option is known to be good.
+fn warn_if_ahead_of_its_slot(args: &RunArgs, now: SystemTime) {
+    let Some(per) = args.once_per.filter(|_| args.once.is_none()) else {
+        return;
+    };
+    if let Some(ahead) = slot::ahead(now, per) {
+        tracing::warn!(
+            "this run counts for slot {}, which starts in {}; a run by hand now uses up that slot (pass --once KEY to choose another)",
+            slot::slot_key(now, per),
+            slot::starts_in(ahead)
+        );
     }
 }
 
@@ -171,14 +189,7 @@ fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
         }
         (None, Some(per)) => {
             slot::check_period(per).map_err(Error::Usage)?;
-            let key = slot::slot_key(now, per);
-            if let Some(ahead) = slot::ahead(now, per) {
-                tracing::warn!(
-                    "this run counts for slot {key}, which starts in {}; a run by hand now uses up that slot (pass --once KEY to choose another)",
-                    slot::starts_in(ahead)
-                );
-            }
-            key
+            slot::slot_key(now, per)
         }
         (None, None) if args.max_attempts.is_some() => {
             return Err(Error::Usage(

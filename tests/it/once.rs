@@ -276,7 +276,12 @@ fn the_second_runs_and_later_ones_are_skipped(fleet: &Fleet, once: &[&str]) {
         .cmd(&fleet.job("second $LEASEWRAP_FENCING_TOKEN", 0))
         .output();
     assert_exit(&second, 0);
-    let third = fleet.lw().args(once).cmd(&fleet.job("third", 0)).output();
+    let third = fleet
+        .lw()
+        .args(once)
+        .args(&["-v"])
+        .cmd(&fleet.job("third", 0));
+    let third = third.output();
     assert_exit(&third, 75);
     assert!(third.stderr.contains("already ran"), "{}", third.stderr);
     let quiet = fleet

@@ -571,7 +571,7 @@ fn record_fields_and_keys_are_escaped_in_status_and_in_the_already_ran_line() {
         "{}",
         once.context()
     );
-    let skipped = job(&sb).args(&["--once", "k"]).output();
+    let skipped = job(&sb).args(&["--once", "k", "-v"]).output();
     assert_exit(&skipped, 75);
     assert_nothing_drives_the_terminal(&skipped.stderr);
     assert!(
