@@ -14,8 +14,8 @@ use std::time::Duration;
 
 /// The longest --keep: ten years of humantime's (365.25 days each, so `--keep 10y` is taken).
 /// Both backends store it with room to spare: etcd's lease TTLs go up to 9,000,000,000 s (285
-/// years), and a record's end plus its keep stays far inside what `SystemTime` and a file's
-/// modification time hold.
+/// years), and a record's end plus its keep stays far inside what `SystemTime` holds and the
+/// years 1970 to 9999 that a record's times must fall in.
 pub const MAX_KEEP: Duration = Duration::from_secs(10 * 31_557_600);
 
 /// The shortest --keep: etcd counts lease TTLs in whole seconds.
