@@ -38,9 +38,16 @@ const MASKED: &[&str] = &[
 ];
 
 /// Run in the namespaces: the private mounts, the units, then systemd as PID 1.
+/// `$KEEP`, the target dir (the binary and `$D` are in it), is held on /mnt while the tmpfs go on,
+/// then put back at its own path: a checkout under /tmp (as a CI clone may be) would be hidden by
+/// the namespace's /tmp otherwise.
 const INNER: &str = r#"set -e
 mount --make-rprivate /
+mkdir -p /mnt
+mount --bind "$KEEP" /mnt
 for d in /run /tmp /var/tmp /var/log/journal /etc/systemd/system; do mount -t tmpfs tmpfs "$d"; done
+mkdir -p "$KEEP"
+mount --bind /mnt "$KEEP"
 mount --bind "$D/varlib" /var/lib
 cp -r "$D/units/." /etc/systemd/system/
 for u in $MASKED; do ln -s /dev/null "/etc/systemd/system/$u"; done
@@ -107,8 +114,8 @@ fn write_units(dir: &Path) {
     fs::write(units.join("probe.service"), probe).unwrap();
 }
 
-/// A scratch directory outside /tmp (the namespace hides the machine's /tmp), readable by
-/// nobody, with the jobs, the units and a world-writable `out/`.
+/// A scratch directory under the target dir (which [`INNER`] keeps visible inside the namespace),
+/// readable by nobody, with the jobs, the units and a world-writable `out/`.
 fn scratch() -> tempfile::TempDir {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -145,7 +152,16 @@ fn boot(dir: &Path) {
         "-c",
         INNER,
     ]);
-    unshare.env("D", dir).env("MASKED", MASKED.join(" "));
+    let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).parent();
+    let keep = keep.expect("the target dir holds CARGO_TARGET_TMPDIR");
+    assert!(
+        dir.starts_with(keep) && Path::new(BIN).starts_with(keep),
+        "{} and {BIN} must be in {}",
+        dir.display(),
+        keep.display()
+    );
+    unshare.env("D", dir).env("KEEP", keep);
+    unshare.env("MASKED", MASKED.join(" "));
     let out = run_bounded(unshare, BOOT_BOUND);
     assert!(
         out.status.success(),
