@@ -97,6 +97,7 @@ pub fn pages() -> Vec<(String, String)> {
         let man = page_of(sub.clone());
         let text = match sub.get_name() {
             "status" => status_page(&man),
+            "fence-sql" => fence_sql_page(&man),
             _ => fenced_page(&man),
         };
         pages.push((man.get_filename(), text));
@@ -114,6 +115,7 @@ pub const FORMS: &[&str] = &[
     "fenced-write [--token N] DEST -- COMMAND [ARG]...",
     "fenced-write [--token N] DEST",
     "fenced-put [OPTIONS] [--token N] [--lock-key KEY] KEY VALUE",
+    "fence-sql postgres",
 ];
 
 /// The sections clap_mangen renders, less its EXTRA (the --help pointer to this page); the main
@@ -347,6 +349,34 @@ fn fenced_page(man: &Man) -> String {
         .items(FENCED_EXIT)
         .para("Other statuses (64, 69, 77, 78, 125) as in leasewrap(1).");
     s.see_also(&[("leasewrap", "1")]);
+    s.version();
+    generated(man, false) + &s.render()
+}
+
+fn fence_sql_page(man: &Man) -> String {
+    let mut s = Sections::new();
+    s.heading("EXIT STATUS").items(&[
+        ("0", "the SQL was printed"),
+        (
+            "64",
+            "DATABASE is missing or not one fence-sql knows (postgres)",
+        ),
+        ("125", "standard output could not take it"),
+    ]);
+    s.heading("FILES").item(
+        "/usr/share/leasewrap/sql/postgres-fence.sql",
+        "the same SQL, installed with the package",
+    );
+    s.heading("EXAMPLES")
+        .mark("not run: needs a PostgreSQL server (postgres::installing_the_printed_fence_twice_works runs it)")
+        .example(
+            "Install the fence in the database the job writes, then run the job with it:",
+            &[
+                "leasewrap fence-sql postgres | psql -v ON_ERROR_STOP=1 -d reports -f -",
+                "leasewrap --name report -- sh -c 'psql -v ON_ERROR_STOP=1 -d reports -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\" -f /usr/local/lib/report.sql'",
+            ],
+        );
+    s.see_also(&[("leasewrap", "1"), ("psql", "1")]);
     s.version();
     generated(man, false) + &s.render()
 }
