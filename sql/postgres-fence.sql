@@ -1,4 +1,5 @@
--- leasewrap's database fence for PostgreSQL (11 and later), from `leasewrap fence-sql postgres`.
+-- leasewrap's database fence for PostgreSQL (9.5 or later; tested with 15), printed by
+-- `leasewrap fence-sql postgres` and installed as /usr/share/leasewrap/sql/postgres-fence.sql.
 --
 -- Install, as often as you like (every statement is idempotent):
 --     psql -v ON_ERROR_STOP=1 -f postgres-fence.sql DATABASE

@@ -79,7 +79,7 @@ COMMIT; with psql -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKE
 NAME's row until the transaction ends, so a newer holder waits for an older one's transaction and then \
 sees what it committed; a lower token than the one recorded is refused with SQLSTATE LWF01 before the \
 transaction writes anything, and bad input (an empty NAME, a token outside 0 to 2^64-1) with LWF02.",
-        after_help = "Only PostgreSQL (11 and later) is known: MariaDB and MySQL have no fence yet. \
+        after_help = "Only PostgreSQL (9.5 or later; tested with 15) is known: MariaDB and MySQL have no fence yet. \
 fence-sql connects to nothing; see docs/fencing.md for psql and psycopg, isolation levels, and how to \
 bound the row lock of a paused holder (idle_in_transaction_session_timeout, lock_timeout, TCP keepalives)."
     )]
@@ -189,7 +189,7 @@ pub struct FenceSqlArgs {
 /// The databases `fence-sql` has a fence for.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceSqlDatabase {
-    /// PostgreSQL 11 and later
+    /// PostgreSQL 9.5 or later
     Postgres,
 }
 

@@ -414,6 +414,35 @@ fn a_stale_fence_waits_for_the_holder_s_transaction_then_is_refused_naming_both_
     );
 }
 
+/// Under REPEATABLE READ (and SERIALIZABLE) a newer holder's fence that waited for an older
+/// holder's commit cannot build on a snapshot taken before it: it fails with a serialization
+/// failure (40001), a safe refusal, and the whole transaction is to be retried.
+#[test]
+fn a_fence_that_waited_under_repeatable_read_fails_to_serialize_and_its_retry_goes_on() {
+    let pg = postgres::shared();
+    let (db, sb) = (report_db(pg, "repeatable_read"), Sandbox::new());
+    pg.psql_ok(&db, "SELECT leasewrap.fence('report', 4)");
+    let holding = session_holding(&sb, (pg, &db), "S", "SELECT leasewrap.fence('report', 5);");
+    let newer =
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT leasewrap.fence('report', 6); COMMIT;";
+    let waiting = std::thread::spawn({
+        let db = db.clone();
+        move || pg.psql(&db, newer)
+    });
+    pg.wait_for_lock_wait(&db, "leasewrap.fence('report', 6)", BOUND);
+    fs::write(sb.path("S.go"), "").unwrap();
+    assert!(holding.join().unwrap().status.success());
+    let out = waiting.join().unwrap();
+    assert!(
+        out.stderr.contains("40001"),
+        "a serialization failure: {}",
+        out.stderr
+    );
+    assert_eq!(pg.psql_ok(&db, "SELECT token FROM leasewrap.fence"), "5");
+    pg.psql_ok(&db, newer);
+    assert_eq!(pg.psql_ok(&db, "SELECT token FROM leasewrap.fence"), "6");
+}
+
 /// Each bad call fails with a clear error, and the transaction it opens writes nothing.
 #[test]
 fn bad_input_gets_a_clear_error_and_nothing_is_written() {
