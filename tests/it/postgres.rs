@@ -196,7 +196,8 @@ impl Replay {
         let (sb, lease) = (Sandbox::new(), Lease::Etcd(etcd, &prefix));
         let a_sql = holder_sql(&sb, "A", 1, a_pause);
         let a = holder(&sb, pg, &db, lease, "A", &a_sql).spawn();
-        let (a_lease, a_child) = stop_at_its_pause(&sb, &a);
+        wait_for_file(&sb.path("A.paused"), STARTUP + BOUND);
+        let (a_lease, a_child) = stop_tree(&sb, "A", &a);
         let b_sql = holder_sql(&sb, "B", 10, Pause::Nowhere);
         let b = holder(&sb, pg, &db, lease, "B", &b_sql).spawn();
         Replay {
@@ -219,10 +220,7 @@ impl Replay {
 
     /// Resumes A's watchdog and leasewrap (and its child, if still stopped); A then ends.
     fn resume_lease(&mut self) {
-        let (leasewrap, watchdog) = self.a_lease;
-        killpg(Pid::from_raw(self.a_child), Signal::SIGCONT).unwrap();
-        kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
-        kill(Pid::from_raw(leasewrap), Signal::SIGCONT).unwrap();
+        resume_tree(self.a_lease, self.a_child);
         self.a.wait_timeout(BOUND);
     }
 
@@ -248,27 +246,33 @@ impl Replay {
     }
 }
 
-/// Waits for A's job to pause, then stops A's whole tree; returns (leasewrap, watchdog) and
-/// the child.
-fn stop_at_its_pause(sb: &Sandbox, a: &Running) -> ((i32, i32), i32) {
-    wait_for_file(&sb.path("A.paused"), STARTUP + BOUND);
-    let child = read_pid(&sb.path("A.pid"), BOUND);
-    let watchdog = ppid_of(child).expect("A's child has a parent");
+/// Stops the whole tree of `label`'s holder, whose leasewrap is `lw`; returns (leasewrap,
+/// watchdog) and the child.
+fn stop_tree(sb: &Sandbox, label: &str, lw: &Running) -> ((i32, i32), i32) {
+    let child = read_pid(&sb.path(&format!("{label}.pid")), BOUND);
+    let watchdog = ppid_of(child).expect("the child has a parent");
     assert_eq!(
         comm(watchdog),
         "leasewrap-wd",
         "the child's parent is the watchdog"
     );
-    for pid in [a.pid(), watchdog] {
+    for pid in [lw.pid(), watchdog] {
         kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
     }
     killpg(Pid::from_raw(child), Signal::SIGSTOP).unwrap();
-    wait_until(BOUND, "A's tree to be stopped", || {
-        [a.pid(), watchdog, child]
+    wait_until(BOUND, &format!("{label}'s tree to be stopped"), || {
+        [lw.pid(), watchdog, child]
             .iter()
             .all(|&pid| is_stopped(pid))
     });
-    ((a.pid(), watchdog), child)
+    ((lw.pid(), watchdog), child)
+}
+
+/// SIGCONT to a stopped holder's child (its process group), watchdog and leasewrap.
+fn resume_tree((leasewrap, watchdog): (i32, i32), child: i32) {
+    killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
+    kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
+    kill(Pid::from_raw(leasewrap), Signal::SIGCONT).unwrap();
 }
 
 /// A fences and reads, then its tree is stopped past its TTL; B takes the lease and its fence
@@ -489,22 +493,22 @@ fn bad_input_gets_a_clear_error_and_nothing_is_written() {
 // ---------------------------------------------------------------------------------------------
 // Holders in turn, and leasewrap itself.
 
-/// A pause from 0 to 199 ms, different for each holder and each run.
-fn random_pause(i: u64) -> u64 {
+/// A number below `n`, different in each run.
+fn random_below(n: u64) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(i);
-    h.finish() % 200
+    h.write_u64(n);
+    h.finish() % n
 }
 
 #[test]
-fn eight_holders_in_turn_commit_non_decreasing_tokens_and_a_stale_one_is_refused() {
+fn eight_holders_queued_on_the_local_backend_commit_in_token_order_and_a_stale_one_is_refused() {
     let pg = postgres::shared();
     let (db, sb) = (report_db(pg, "eight_holders"), Sandbox::new());
     let holders: Vec<_> = (0..8u64)
         .map(|i| {
             let label = format!("h{i}");
-            let sql = holder_sql(&sb, &label, 1, Pause::Sleep(random_pause(i)));
+            let sql = holder_sql(&sb, &label, 1, Pause::Sleep(random_below(200)));
             holder(&sb, pg, &db, Lease::Local, &label, &sql).spawn()
         })
         .collect();
@@ -535,6 +539,170 @@ fn eight_holders_in_turn_commit_non_decreasing_tokens_and_a_stale_one_is_refused
     );
     assert!(stale.stderr.contains("LWF01"), "{}", stale.stderr);
     assert_eq!(report_log(pg, &db).len(), 8, "no stale commit landed");
+}
+
+/// Eight holders on etcd (2 s TTL), each stopping at a random point of its job (before or after
+/// its fence) for the test, which at random lets it go on or stops its whole tree past its TTL,
+/// and resumes it once the next holder has come (its pause, or its fence waiting on the row).
+struct Fleet {
+    pg: &'static Postgres,
+    db: String,
+    sb: Sandbox,
+    holders: Vec<Running>,
+    /// The labels whose pause the test has seen.
+    seen: Vec<String>,
+    /// Holders stopped by the test: (leasewrap, watchdog), child, label.
+    stopped: Vec<((i32, i32), i32, String)>,
+}
+
+const FLEET: usize = 8;
+
+impl Fleet {
+    fn start(etcd: &Etcd, prefix: &str) -> Fleet {
+        let pg = postgres::shared();
+        let (db, sb) = (report_db(pg, "fleet"), Sandbox::new());
+        let holders = (0..FLEET)
+            .map(|i| {
+                let label = format!("h{i}");
+                let at = [Pause::BeforeFence, Pause::AfterFence][random_below(2) as usize];
+                let sql = holder_sql(&sb, &label, 1, at);
+                holder(&sb, pg, &db, Lease::Etcd(etcd, prefix), &label, &sql).spawn()
+            })
+            .collect();
+        let (seen, stopped) = (Vec::new(), Vec::new());
+        Fleet {
+            pg,
+            db,
+            sb,
+            holders,
+            seen,
+            stopped,
+        }
+    }
+
+    /// A holder whose pause has not been seen yet and has come.
+    fn next_paused(&self) -> Option<usize> {
+        (0..FLEET).find(|i| {
+            let label = format!("h{i}");
+            !self.seen.contains(&label) && self.sb.path(&format!("{label}.paused")).exists()
+        })
+    }
+
+    /// Whether a fence waits on the row (then a stopped holder holds it).
+    fn a_fence_waits(&self) -> bool {
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND strpos(query, 'leasewrap.fence') > 0";
+        self.pg.psql_ok(&self.db, sql) != "0"
+    }
+
+    /// Handles the next event: a holder's pause, or a fence waiting behind a stopped holder.
+    fn step(&mut self) {
+        let mut next = None;
+        let last = self.seen.len() == FLEET;
+        wait_until(4 * BOUND, "a holder's pause, or a fence waiting", || {
+            next = self.next_paused();
+            next.is_some() || last || (!self.stopped.is_empty() && self.a_fence_waits())
+        });
+        let earlier = std::mem::take(&mut self.stopped);
+        if let Some(i) = next {
+            let label = format!("h{i}");
+            self.seen.push(label.clone());
+            if random_below(2) == 0 {
+                let (lease, child) = stop_tree(&self.sb, &label, &self.holders[i]);
+                self.stopped.push((lease, child, label));
+            } else {
+                fs::write(self.sb.path(&format!("{label}.go")), "").unwrap();
+            }
+        }
+        // A child resumed alone may wait on the row of the holder just stopped: then its
+        // watchdog must run too, or it would wait for ever.
+        let may_wait = self.stopped.is_empty();
+        for (lease, child, label) in earlier {
+            resume_in_random_order(&self.sb, &label, (lease, child), may_wait);
+        }
+    }
+
+    /// Each holder's psql either committed (status 0), was refused by the fence (3, LWF01), or
+    /// was killed by its watchdog (no status: before its commit, or just after it).
+    #[track_caller]
+    fn assert_each_committed_was_refused_or_was_killed(&self, log: &[(String, u64, i64)]) {
+        for i in 0..FLEET {
+            let (label, err) = (format!("h{i}"), mark_err(&self.sb, &format!("h{i}")));
+            let committed = log.iter().any(|(who, _, _)| *who == label);
+            let status = fs::read_to_string(self.sb.path(&format!("{label}.status")));
+            match status.as_deref().map(str::trim) {
+                Ok("0") => assert!(committed, "{label} exited 0 without its commit: {log:?}"),
+                Ok("3") => assert!(err.contains("LWF01"), "{label} was refused: {err}"),
+                Ok(other) => panic!("{label}'s psql exited {other}: {err}"),
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Tells a stopped holder's job to go on and resumes its tree: its child alone until its psql
+/// ends (when `may_wait`), its child first (it may commit before its watchdog runs), or its
+/// watchdog and leasewrap first (the child is killed at once when its deadline has passed).
+fn resume_in_random_order(
+    sb: &Sandbox,
+    label: &str,
+    (lease, child): ((i32, i32), i32),
+    may_wait: bool,
+) {
+    fs::write(sb.path(&format!("{label}.go")), "").unwrap();
+    let (leasewrap, watchdog) = lease;
+    match random_below(3) {
+        0 if may_wait => {
+            killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
+            mark(sb, label, "status");
+            resume_tree(lease, child);
+        }
+        0 | 1 => resume_tree(lease, child),
+        _ => {
+            kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
+            kill(Pid::from_raw(leasewrap), Signal::SIGCONT).unwrap();
+            killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
+        }
+    }
+}
+
+#[test]
+fn eight_holders_on_etcd_paused_at_random_commit_non_decreasing_tokens_and_no_stale_commit_lands() {
+    let etcd = etcd::shared(Version::V3_5);
+    let prefix = etcd::unique_prefix("pg_fleet");
+    let mut fleet = Fleet::start(etcd, &prefix);
+    while fleet.seen.len() < FLEET || !fleet.stopped.is_empty() {
+        fleet.step();
+    }
+    for h in &mut fleet.holders {
+        h.wait_timeout(4 * BOUND);
+    }
+    let log = report_log(fleet.pg, &fleet.db);
+    let tokens: Vec<u64> = log.iter().map(|(_, t, _)| *t).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "tokens in commit order: {log:?}"
+    );
+    let totals: Vec<i64> = log.iter().map(|(_, _, n)| *n).collect();
+    let expected: Vec<i64> = (1..=log.len() as i64).collect();
+    assert_eq!(
+        totals, expected,
+        "each update built on the one before: {log:?}"
+    );
+    fleet.assert_each_committed_was_refused_or_was_killed(&log);
+    let recorded = fleet
+        .pg
+        .psql_ok(&fleet.db, "SELECT token FROM leasewrap.fence");
+    assert_eq!(
+        recorded,
+        tokens.last().map_or(String::new(), u64::to_string)
+    );
+    let refused = (0..FLEET).filter(|i| mark_err(&fleet.sb, &format!("h{i}")).contains("LWF01"));
+    eprintln!(
+        "fleet: {} of {FLEET} committed, {} refused: {log:?}",
+        log.len(),
+        refused.count()
+    );
 }
 
 /// `leasewrap --name report -- sh -c 'psql ... -v token=$LEASEWRAP_FENCING_TOKEN ...'`, twice.
