@@ -363,12 +363,22 @@ fn fence_sql_page(man: &Man) -> String {
         ),
         ("125", "standard output could not take it"),
     ]);
+    s.heading("THE FENCE")
+        .para("The job calls SELECT leasewrap.fence(NAME, TOKEN) as the first statement of each transaction that writes, with psql's ON_ERROR_STOP=1 so that a refusal ends psql (status 3) and rolls the transaction back. A token equal to the recorded one is allowed (one holder, many transactions).")
+        .items(&[
+            ("LWF01", "stale fencing token N for \"NAME\": M is recorded: a newer holder has written; stop, do not retry"),
+            ("LWF02", "an empty or NULL NAME, or a token below 0, above 18446744073709551615 or not whole"),
+            ("22P02", "PostgreSQL's own: the token is not a number"),
+            ("40001", "under REPEATABLE READ or SERIALIZABLE, a fence that waited for an older holder's commit: nothing was written; retry the whole transaction"),
+        ])
+        .para("A holder paused inside its transaction keeps NAME's row locked, and the next holder waits, as long as its session lasts: bound it with idle_in_transaction_session_timeout, lock_timeout and TCP keepalives (docs/fencing.md). Only the fenced transaction is guarded: writes outside it are not.")
+        .para("Only PostgreSQL has a fence: MariaDB and MySQL have none yet (their fence would need its own SQL and its own tests against a real server).");
     s.heading("FILES").item(
         "/usr/share/leasewrap/sql/postgres-fence.sql",
         "the same SQL, installed with the package",
     );
     s.heading("EXAMPLES")
-        .mark("not run: needs a PostgreSQL server (postgres::installing_the_printed_fence_twice_works runs it)")
+        .mark("not run: needs a PostgreSQL server (postgres::fence_sql_postgres_prints_the_shipped_file_and_installing_it_twice_works and postgres::a_job_run_by_leasewrap_on_the_local_backend_fences_with_its_token run them)")
         .example(
             "Install the fence in the database the job writes, then run the job with it:",
             &[
