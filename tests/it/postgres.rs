@@ -466,6 +466,9 @@ fn bad_input_gets_a_clear_error_and_nothing_is_written() {
         ("report", "18446744073709551616", "LWF02: leasewrap.fence: fencing token 18446744073709551616 for \"report\" is not a whole number from 0 to 18446744073709551615"),
         ("report", "-1", "LWF02: leasewrap.fence: fencing token -1 for \"report\""),
         ("report", "1.5", "LWF02: leasewrap.fence: fencing token 1.5 for \"report\""),
+        // numeric takes these too; they compare above every number.
+        ("report", "NaN", "LWF02: leasewrap.fence: fencing token NaN for \"report\""),
+        ("report", "Infinity", "LWF02: leasewrap.fence: fencing token Infinity for \"report\""),
     ];
     for (name, token, error) in cases {
         let out = pg.psql_file(&db, &[("name", name), ("token", token)], &script);
