@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use tempfile::TempDir;
 
 use super::user::{self, User, OTHER};
-use super::{comm, dirs_of_dead_processes, run_bounded, wait_until, Output};
+use super::{comm, dirs_of_dead_processes, proc_state, run_bounded, wait_until, Output};
 
 /// Where Debian's postgresql-15 puts the server and client programs.
 pub const BIN_DIR: &str = "/usr/lib/postgresql/15/bin";
@@ -195,11 +195,14 @@ impl Drop for Postgres {
     }
 }
 
-/// SIGQUIT (immediate shutdown) by pid, then wait until it is gone.
+/// SIGQUIT (immediate shutdown) by pid, then wait until it is gone. A process that is a child
+/// subreaper (the benchmarks are) inherits the daemonized postmaster: then it is reaped here.
 fn stop(pid: i32) {
     if kill(Pid::from_raw(pid), Signal::SIGQUIT).is_ok() {
         wait_until(SERVER_BOUND, "the PostgreSQL server to stop", || {
-            kill(Pid::from_raw(pid), None).is_err()
+            let flag = Some(nix::sys::wait::WaitPidFlag::WNOHANG);
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), flag);
+            kill(Pid::from_raw(pid), None).is_err() || proc_state(pid) == Some('Z')
         });
     }
 }
