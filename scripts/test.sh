@@ -16,7 +16,8 @@ fi
 # (tests/it/docs.rs), passwd (useradd) for the second user of tests/it/security.rs, fuse3
 # (fusermount3) for the FUSE stall filesystem of the F14 tests when not root (as root it mounts
 # directly; without /dev/fuse those tests fail, saying so).
-# e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. python3-pip (with python3)
+# e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. postgresql-15 (initdb,
+# pg_ctl, psql) for the database fence's tests, tests/it/postgres.rs. python3-pip (with python3)
 # for the PyPI packages below, when one of them is missing.
 # The build's own packages (scripts/build-deps.sh) go in the same install, so that apt-get update
 # runs once at most.
@@ -35,6 +36,7 @@ install_debian_packages() {
     command -v useradd >/dev/null || missing+=(passwd)
     command -v fusermount3 >/dev/null || missing+=(fuse3)
     command -v chattr >/dev/null || missing+=(e2fsprogs)
+    [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
     $SUDO apt-get update -qq >/dev/null

@@ -68,6 +68,22 @@ needs etcd: it has no local form. Run by a child of leasewrap on etcd, it needs 
         ))
     )]
     FencedPut(FencedPutArgs),
+    /// Print the SQL that installs the database fence a job calls first in its transaction
+    #[command(
+        long_about = "Print the SQL that installs the database fence: the schema leasewrap, the table \
+leasewrap.fence (one row per lease NAME, with the highest fencing token committed under it) and the \
+function leasewrap.fence(name, token). Install it with psql -f (it is idempotent: run it again after an \
+upgrade); the package also ships it as /usr/share/leasewrap/sql/postgres-fence.sql. A job calls the \
+fence first in its own transaction: BEGIN; SELECT leasewrap.fence(:'name', :'token'); the writes; \
+COMMIT; with psql -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\". The fence locks \
+NAME's row until the transaction ends, so a newer holder waits for an older one's transaction and then \
+sees what it committed; a lower token than the one recorded is refused with SQLSTATE LWF01 before the \
+transaction writes anything, and bad input (an empty NAME, a token outside 0 to 2^64-1) with LWF02.",
+        after_help = "Only PostgreSQL (9.5 or later; tested with 15) is known: MariaDB and MySQL have no fence yet. \
+fence-sql connects to nothing; see docs/fencing.md for psql and psycopg, isolation levels, and how to \
+bound the row lock of a paused holder (idle_in_transaction_session_timeout, lock_timeout, TCP keepalives)."
+    )]
+    FenceSql(FenceSqlArgs),
 }
 
 /// `leasewrap status`.
@@ -160,6 +176,21 @@ pub struct FencedPutArgs {
 
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// `leasewrap fence-sql`.
+#[derive(Args, Debug, Clone)]
+pub struct FenceSqlArgs {
+    /// The database whose fence to print
+    #[arg(value_name = "DATABASE", value_enum)]
+    pub database: FenceSqlDatabase,
+}
+
+/// The databases `fence-sql` has a fence for.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceSqlDatabase {
+    /// PostgreSQL 9.5 or later
+    Postgres,
 }
 
 /// How to take the lease and run the child.

@@ -32,6 +32,7 @@
 //! - `status::etcd`, `status::local`: what each backend stores, as status values.
 //! - `status::runs`: the last runs of each lease, and `status --once KEY`.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
+//! - `fence_sql`: `fence-sql`, the SQL of the database fence (sql/), printed.
 //! - `files`: opening leasewrap's small files with no links, FIFOs or foreign files followed.
 //! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr; quiet success; the bare line that says why a run ended.
@@ -43,6 +44,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod fence;
+pub mod fence_sql;
 pub mod files;
 pub mod lease;
 pub mod log;
@@ -94,6 +96,11 @@ pub fn entry(args: Vec<OsString>) -> Exit {
                 block_on(fence::put(&a, &process_env)).map(|()| 0),
                 ExitCodes::default(),
             )
+        }
+        Some(cli::Sub::FenceSql(a)) => {
+            // It has no logging options: a failure to print is logged the default way.
+            log::init(&cli::LogArgs::default());
+            finish(fence_sql::print(&a), ExitCodes::default())
         }
     }
 }

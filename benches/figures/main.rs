@@ -48,7 +48,7 @@ use report::Figure;
 type Measure = fn(&mut Bench) -> Figure;
 
 /// The figures by number, as `--only` names them.
-const FIGURES: [(u32, &str, Measure); 9] = [
+const FIGURES: [(u32, &str, Measure); 10] = [
     (1, "-- true on etcd", figure::true_etcd::figure),
     (
         2,
@@ -66,6 +66,7 @@ const FIGURES: [(u32, &str, Measure); 9] = [
     (7, "waiters on one lease", figure::waiters::figure),
     (8, "leases held at once", figure::many::figure),
     (9, "--once", figure::once::figure),
+    (10, "the database fence", figure::fence_sql::figure),
 ];
 
 struct Options {

@@ -16,6 +16,9 @@ _leasewrap() {
             ",$1")
                 cmd="leasewrap"
                 ;;
+            leasewrap,fence-sql)
+                cmd="leasewrap__subcmd__fence__subcmd__sql"
+                ;;
             leasewrap,fenced-put)
                 cmd="leasewrap__subcmd__fenced__subcmd__put"
                 ;;
@@ -32,7 +35,7 @@ _leasewrap() {
 
     case "${cmd}" in
         leasewrap)
-            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put"
+            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -154,6 +157,20 @@ _leasewrap() {
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasewrap__subcmd__fence__subcmd__sql)
+            opts="-h --help postgres"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
                 *)
                     COMPREPLY=()
                     ;;

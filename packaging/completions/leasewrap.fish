@@ -59,6 +59,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -s V -l version -d 'Pr
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "status" -d 'Who holds NAME (or every lease under the prefix): holder, token, time left, waiters'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d 'Atomically replace DEST with COMMAND\'s output or stdin, refusing a token lower than one DEST has seen'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd only while the lock key still has the given token'
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fence-sql" -d 'Print the SQL that installs the database fence a job calls first in its transaction'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l name -d 'The lease name, spelled as in the run form: the same as NAME' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d 'Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once-per -d 'Say which KEY a run with --once-per DUR would use now, and whether it is done (exit 0) or not (exit 1)' -r
@@ -98,3 +99,4 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpo
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s v -l verbose -d 'Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fence-sql" -s h -l help -d 'Print help (see more with \'--help\')'

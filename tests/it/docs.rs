@@ -329,6 +329,7 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
     }
     shipped.push("packaging/cron/leasewrap.cron".into());
     shipped.push("packaging/leasewrap.env".into());
+    shipped.push("sql/postgres-fence.sql".into());
     for file in &shipped {
         assert!(
             sources.contains(file.as_str()),

@@ -11,6 +11,7 @@
 //! - `local`: the local backend (flock + token file).
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
+//! - `postgres`: the database fence against a real PostgreSQL 15 (SPEC §7, §9 F16).
 //! - `security`: hostile state directories, fence files, temp names and lease names.
 //! - `shape`: the code's own shape (no function in src/ over 50 lines).
 //! - `usage`: a new user's mistakes on the command line: one line saying what to type, 64.
@@ -36,6 +37,7 @@ mod harness;
 mod local;
 mod once;
 mod operating;
+mod postgres;
 mod secrets;
 mod security;
 mod shape;

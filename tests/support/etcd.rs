@@ -882,19 +882,9 @@ fn scratch_dir() -> TempDir {
 }
 
 fn remove_dirs_of_dead_processes(root: &Path) {
-    let Ok(entries) = fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(Ok(pid)) = name.split('-').next().map(str::parse::<i32>) else {
-            continue;
-        };
-        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
-        if gone == Err(nix::errno::Errno::ESRCH) {
-            super::stallfs::unmount_everything_under(&entry.path());
-            let _ = fs::remove_dir_all(entry.path());
-        }
+    for dir in super::dirs_of_dead_processes(root) {
+        super::stallfs::unmount_everything_under(&dir);
+        let _ = fs::remove_dir_all(dir);
     }
 }
 

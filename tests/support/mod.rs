@@ -6,6 +6,7 @@
 
 pub mod etcd;
 mod job;
+pub mod postgres;
 pub mod proxy;
 pub mod stallfs;
 mod tree;
@@ -627,6 +628,23 @@ pub fn has_open(pid: i32, path: &Path) -> bool {
     };
     fds.flatten()
         .any(|fd| fs::read_link(fd.path()).is_ok_and(|target| target == path))
+}
+
+/// The dirs under `root` named `<pid>-...` whose test process is gone: the scratch dirs of
+/// servers that a test binary never dropped.
+pub fn dirs_of_dead_processes(root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let dead = |name: &str| {
+        let pid = name.split('-').next().map(str::parse::<i32>);
+        matches!(pid, Some(Ok(pid)) if signal::kill(Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH))
+    };
+    entries
+        .flatten()
+        .filter(|e| dead(&e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Polls `cond` every few milliseconds; panics naming `what` once `bound` has passed.

@@ -97,6 +97,7 @@ pub fn pages() -> Vec<(String, String)> {
         let man = page_of(sub.clone());
         let text = match sub.get_name() {
             "status" => status_page(&man),
+            "fence-sql" => fence_sql_page(&man),
             _ => fenced_page(&man),
         };
         pages.push((man.get_filename(), text));
@@ -114,6 +115,7 @@ pub const FORMS: &[&str] = &[
     "fenced-write [--token N] DEST -- COMMAND [ARG]...",
     "fenced-write [--token N] DEST",
     "fenced-put [OPTIONS] [--token N] [--lock-key KEY] KEY VALUE",
+    "fence-sql postgres",
 ];
 
 /// The sections clap_mangen renders, less its EXTRA (the --help pointer to this page); the main
@@ -347,6 +349,44 @@ fn fenced_page(man: &Man) -> String {
         .items(FENCED_EXIT)
         .para("Other statuses (64, 69, 77, 78, 125) as in leasewrap(1).");
     s.see_also(&[("leasewrap", "1")]);
+    s.version();
+    generated(man, false) + &s.render()
+}
+
+fn fence_sql_page(man: &Man) -> String {
+    let mut s = Sections::new();
+    s.heading("EXIT STATUS").items(&[
+        ("0", "the SQL was printed"),
+        (
+            "64",
+            "DATABASE is missing or not one fence-sql knows (postgres)",
+        ),
+        ("125", "standard output could not take it"),
+    ]);
+    s.heading("THE FENCE")
+        .para("The job calls SELECT leasewrap.fence(NAME, TOKEN) as the first statement of each transaction that writes, with psql's ON_ERROR_STOP=1 so that a refusal ends psql (status 3) and rolls the transaction back. A token equal to the recorded one is allowed (one holder, many transactions).")
+        .items(&[
+            ("LWF01", "stale fencing token N for \"NAME\": M is recorded: a newer holder has written; stop, do not retry"),
+            ("LWF02", "an empty or NULL NAME, or a token below 0, above 18446744073709551615 or not whole"),
+            ("22P02", "PostgreSQL's own: the token is not a number"),
+            ("40001", "under REPEATABLE READ or SERIALIZABLE, a fence that waited for an older holder's commit: nothing was written; retry the whole transaction"),
+        ])
+        .para("A holder paused inside its transaction keeps NAME's row locked, and the next holder waits, as long as its session lasts: bound it with idle_in_transaction_session_timeout, lock_timeout and TCP keepalives (docs/fencing.md). Only the fenced transaction is guarded: writes outside it are not.")
+        .para("Only PostgreSQL has a fence: MariaDB and MySQL have none yet (their fence would need its own SQL and its own tests against a real server).");
+    s.heading("FILES").item(
+        "/usr/share/leasewrap/sql/postgres-fence.sql",
+        "the same SQL, installed with the package",
+    );
+    s.heading("EXAMPLES")
+        .mark("not run: needs a PostgreSQL server (postgres::fence_sql_postgres_prints_the_shipped_file_and_installing_it_twice_works and postgres::a_job_run_by_leasewrap_on_the_local_backend_fences_with_its_token run them)")
+        .example(
+            "Install the fence in the database the job writes, then run the job with it:",
+            &[
+                "leasewrap fence-sql postgres | psql -v ON_ERROR_STOP=1 -d reports -f -",
+                "leasewrap --name report -- sh -c 'psql -v ON_ERROR_STOP=1 -d reports -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\" -f /usr/local/lib/report.sql'",
+            ],
+        );
+    s.see_also(&[("leasewrap", "1"), ("psql", "1")]);
     s.version();
     generated(man, false) + &s.render()
 }
