@@ -18,7 +18,8 @@ fi
 # directly; without /dev/fuse those tests fail, saying so).
 # e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. postgresql-15 (initdb,
 # pg_ctl, psql) for the database fence's tests, tests/it/postgres.rs. python3-pip (with python3)
-# for the PyPI packages below, when one of them is missing.
+# for the PyPI packages below, when one of them is missing. zookeeper (Debian's 3.8 jars) and a
+# headless JRE for the ZooKeeper backend's tests, tests/it/zookeeper.
 # The build's own packages (scripts/build-deps.sh) go in the same install, so that apt-get update
 # runs once at most.
 install_debian_packages() {
@@ -37,8 +38,16 @@ install_debian_packages() {
     command -v fusermount3 >/dev/null || missing+=(fuse3)
     command -v chattr >/dev/null || missing+=(e2fsprogs)
     [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
+    [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+    command -v java >/dev/null || missing+=(default-jre-headless)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
+    # No package may start a daemon of its own here: the tests start their own servers.
+    local policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+        $SUDO chmod 755 "$policy"
+    fi
     $SUDO apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
