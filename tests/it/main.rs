@@ -15,6 +15,8 @@
 //! - `security`: hostile state directories, fence files, temp names and lease names.
 //! - `shape`: the code's own shape (no function in src/ over 50 lines).
 //! - `usage`: a new user's mistakes on the command line: one line saying what to type, 64.
+//! - `zookeeper`: the ZooKeeper backend against a real ZooKeeper 3.8, standalone and as a
+//!   3-member ensemble whose member links go through fault proxies (issue 17).
 //! - `secrets`: what processes of the same user learn of a password; warnings about passwords.
 //! - `bench_goals`, `bench_stats`, `bench_prom`: the benchmarks' goals, statistics, /metrics parsing.
 
@@ -42,3 +44,4 @@ mod secrets;
 mod security;
 mod shape;
 mod usage;
+mod zookeeper;

@@ -854,7 +854,7 @@ fn http_get(port: u16, path: &str) -> Result<String, String> {
 }
 
 /// A loopback port that was free a moment ago and that this process has not handed out before.
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     loop {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("cannot bind loopback");
@@ -894,8 +894,9 @@ type SpawnJob = (Command, mpsc::Sender<io::Result<Child>>);
 /// Spawns `cmd` so that the child is SIGKILLed when the test process ends, however it ends.
 ///
 /// PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, and every test runs on a
-/// thread of its own; so all etcd processes are forked by one thread that lives as long as the process.
-fn spawn_tied_to_process(mut cmd: Command) -> io::Result<Child> {
+/// thread of its own; so all server processes (etcd, ZooKeeper) are forked by one thread that
+/// lives as long as the process.
+pub(super) fn spawn_tied_to_process(mut cmd: Command) -> io::Result<Child> {
     static SPAWNER: OnceLock<mpsc::Sender<SpawnJob>> = OnceLock::new();
     die_with_parent(&mut cmd);
     let (reply, result) = mpsc::channel();

@@ -1,5 +1,6 @@
 //! Test support: a builder over the built `leasewrap` binary, bounded waits on observable
-//! events, and `/proc` readers for checking what is left of a process tree.
+//! events, and `/proc` readers for checking what is left of a process tree. The servers the
+//! tests run against live in `etcd`, `postgres` and `zookeeper`.
 //!
 //! Nothing here sleeps to "let things settle": every wait polls for an event and panics with
 //! what it was waiting for once its bound runs out.
@@ -11,6 +12,7 @@ pub mod proxy;
 pub mod stallfs;
 mod tree;
 pub mod user;
+pub mod zookeeper;
 
 pub use job::{Job, Marks};
 pub use tree::{daemon_script, start_tree, TREE_KILL_AFTER};
@@ -221,6 +223,11 @@ impl Leasewrap {
     /// The etcd backend at `endpoints`, under `prefix`.
     pub fn on_etcd(self, endpoints: &str, prefix: &str) -> Self {
         self.args(&["--endpoints", endpoints, "--prefix", prefix])
+    }
+
+    /// The ZooKeeper backend at `connect` (`host:port,...[/chroot]`).
+    pub fn on_zookeeper(self, connect: &str) -> Self {
+        self.args(&["--zookeeper", connect])
     }
 
     pub fn local_dir(mut self, dir: impl Into<PathBuf>) -> Self {

@@ -1,5 +1,6 @@
-//! A fault-injecting TCP proxy for the tests: it forwards one loopback port to an upstream (an etcd)
-//! and, on command, blackholes traffic or delays replies, on live connections as well as new ones.
+//! A fault-injecting TCP proxy for the tests: it forwards one loopback port to an upstream (an etcd,
+//! a ZooKeeper member's client, quorum or election port) and, on command, blackholes traffic or
+//! delays replies, on live connections as well as new ones.
 //!
 //! It also stamps each gRPC request a client sends (an HTTP/2 DATA frame bound upstream), so a
 //! benchmark can tell when a holder last renewed.
@@ -100,6 +101,19 @@ impl Proxy {
     /// Applies at once, to live connections too.
     pub fn set_mode(&self, mode: Mode) {
         *self.shared.mode.lock().unwrap() = mode;
+    }
+
+    /// Closes every connection it carries, then passes bytes again: the end of a partition long
+    /// enough for TCP to give up. A stream that lost bytes to a blackhole never resumes mid-message
+    /// (ZooKeeper's peers would read garbage); both ends see a close and connect again.
+    pub fn heal(&self) {
+        // Under the connections' lock: a connection is either closed here, or tracked after the
+        // mode is Pass, so none that lost bytes survives.
+        let mut conns = self.shared.conns.lock().unwrap();
+        for socket in conns.sockets.drain(..) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        *self.shared.mode.lock().unwrap() = Mode::Pass;
     }
 
     /// The instants at which the proxy read each gRPC request message (an HTTP/2 DATA frame) a
