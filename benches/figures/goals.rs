@@ -77,6 +77,17 @@ const fn asked(row: &'static str, value: &'static str, bound: Bound, unit: Unit)
     }
 }
 
+/// A goal of issue 17 (the ZooKeeper backend).
+const fn zk(row: &'static str, value: &'static str, bound: Bound, unit: Unit) -> Goal {
+    Goal {
+        row,
+        value,
+        bound,
+        unit,
+        from: "issue 17",
+    }
+}
+
 use Bound::{AtMost, Below};
 use Unit::{CorePercent, Count, Mb, Ms, OverTtl, Times};
 
@@ -102,6 +113,8 @@ pub const GOALS: &[Goal] = &[
         Times("the small chain's"),
     ),
     goal("many", "per_lease_pct", Below(0.1), CorePercent),
+    zk("true-zk", "ratio", AtMost(1.5), Times("leasewrap on etcd")),
+    zk("rss-zk", "median_mb", AtMost(8.0), Mb),
 ];
 
 impl Goal {

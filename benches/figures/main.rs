@@ -1,6 +1,6 @@
 //! `cargo bench`: the figures of SPEC §11 (BENCHMARKS.md), leasewrap against `etcdctl lock` 3.4
 //! and `flock(1)`, interleaved run by run, on the tests' own harness (tests/support: the etcd
-//! launcher and the fault proxy).
+//! and ZooKeeper launchers and the fault proxy).
 //!
 //!     cargo bench                     every figure, printed (about 4 minutes, plus the builds)
 //!     cargo bench -- --write          the same, then rewrites BENCHMARKS.md
@@ -48,7 +48,7 @@ use report::Figure;
 type Measure = fn(&mut Bench) -> Figure;
 
 /// The figures by number, as `--only` names them.
-const FIGURES: [(u32, &str, Measure); 10] = [
+const FIGURES: [(u32, &str, Measure); 11] = [
     (1, "-- true on etcd", figure::true_etcd::figure),
     (
         2,
@@ -67,6 +67,7 @@ const FIGURES: [(u32, &str, Measure); 10] = [
     (8, "leases held at once", figure::many::figure),
     (9, "--once", figure::once::figure),
     (10, "the database fence", figure::fence_sql::figure),
+    (11, "the ZooKeeper backend", figure::zookeeper::figure),
 ];
 
 struct Options {

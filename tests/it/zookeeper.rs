@@ -43,10 +43,12 @@ fn lock_dir(name: &str) -> String {
     format!("/leasewrap/{name}")
 }
 
-/// The lock nodes of `name`, in queue order (by their sequence suffix); empty when the parent
-/// has none or does not exist.
-fn queue(connect: &str, name: &str) -> Vec<String> {
-    let mut nodes = zookeeper::children(connect, &lock_dir(name)).unwrap_or_default();
+/// The lock nodes of `name`, in queue order (by their sequence suffix), as the server on `port`
+/// (standalone, or the leader) lists its sessions' ephemeral nodes; empty when there are none.
+#[track_caller]
+fn queue(port: u16, name: &str) -> Vec<String> {
+    let nodes = zookeeper::ephemerals_under(port, &lock_dir(name));
+    let mut nodes = nodes.unwrap_or_else(|e| panic!("dump: {e}"));
     nodes.sort_by_key(|n| sequence_of(n));
     nodes
 }
@@ -61,12 +63,12 @@ fn sequence_of(node: &str) -> u64 {
 }
 
 #[track_caller]
-fn wait_for_queue_len(connect: &str, name: &str, len: usize, bound: Duration) {
+fn wait_for_queue_len(port: u16, name: &str, len: usize, bound: Duration) {
     let mut seen = Vec::new();
     let what = format!("{len} lock nodes under {}", lock_dir(name));
     let deadline = Instant::now() + bound;
     while Instant::now() < deadline {
-        seen = queue(connect, name);
+        seen = queue(port, name);
         if seen.len() == len {
             return;
         }
@@ -86,7 +88,7 @@ fn held(sb: &Sandbox, test: &str) -> (&'static Zk, String, Job) {
 /// Only the holder's node is left, and its child still runs; then it finishes normally.
 #[track_caller]
 fn assert_only_the_holder_remains(zk: &Zk, name: &str, h: Job) {
-    let nodes = queue(&zk.connect(), name);
+    let nodes = queue(zk.port(), name);
     assert_eq!(nodes.len(), 1, "a waiter's node was left behind: {nodes:?}");
     assert!(pid_alive(h.child()), "the holder's child was disturbed");
     h.finish();
@@ -149,6 +151,30 @@ fn the_cli_sees_the_nodes_a_test_makes() {
     zookeeper::cli_ok(&zk.connect(), &["delete", &path]);
 }
 
+/// An ephemeral node of a live CLI session shows in `dump` (what the polls use) until the
+/// session ends.
+#[test]
+fn dump_lists_a_live_session_s_ephemeral_nodes() {
+    let zk = zookeeper::shared();
+    let parent = format!("/{}", zookeeper::unique_name("dump"));
+    zookeeper::cli_ok(&zk.connect(), &["create", &parent, ""]);
+    let mut session = zookeeper::cli_session(&zk.connect());
+    let create = format!("create -e {parent}/node x\n");
+    session.write_all(create.as_bytes());
+    let port = zk.port();
+    let listed = || zookeeper::ephemerals_under(port, &parent).expect("dump answers");
+    wait_until(STARTUP, "the ephemeral node in dump", || {
+        listed() == ["node"]
+    });
+    session.write_all(format!("stat -w {parent}/node\n").as_bytes());
+    let watches = || zookeeper::total_watches(port).expect("wchs answers");
+    wait_until(STARTUP, "the CLI's watch in wchs", || watches() >= 1);
+    drop(session);
+    wait_until(STARTUP, "the ephemeral node to go with its session", || {
+        listed().is_empty()
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Parity with etcd: one holder at a time, -n and -w, the token, the handover.
 // ---------------------------------------------------------------------------------------------
@@ -160,7 +186,7 @@ fn fencing_token_is_the_lock_node_s_czxid_and_grows_with_every_holder() {
     let sb = Sandbox::new();
     let (zk, name, h) = held(&sb, "token");
     let token = h.token();
-    let nodes = queue(&zk.connect(), &name);
+    let nodes = queue(zk.port(), &name);
     assert_eq!(
         nodes.len(),
         1,
@@ -173,7 +199,7 @@ fn fencing_token_is_the_lock_node_s_czxid_and_grows_with_every_holder() {
     h.finish();
 
     assert!(
-        queue(&zk.connect(), &name).is_empty(),
+        queue(zk.port(), &name).is_empty(),
         "the node outlived the run"
     );
     let parent = zookeeper::stat(&zk.connect(), &lock_dir(&name));
@@ -266,7 +292,7 @@ fn sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_node() {
     let sb = Sandbox::new();
     let (zk, name, h) = held(&sb, "sigterm_waiting");
     let mut w = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "w"), false);
-    wait_for_queue_len(&zk.connect(), &name, 2, STARTUP);
+    wait_for_queue_len(zk.port(), &name, 2, STARTUP);
     w.run.kill(Signal::SIGTERM);
     w.wait(Duration::from_secs(3));
     assert_exit(&w.run, 143);
@@ -279,7 +305,7 @@ fn next_waiter_starts_within_milliseconds_of_the_holder_s_exit() {
     let sb = Sandbox::new();
     let (zk, name, mut a) = held(&sb, "handover");
     let mut b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
-    wait_for_queue_len(&zk.connect(), &name, 2, STARTUP);
+    wait_for_queue_len(zk.port(), &name, 2, STARTUP);
     assert!(
         !b.marks.started(),
         "the waiter started while the lease was held"
@@ -317,7 +343,7 @@ fn sigkill_of_the_holder_kills_its_child_at_once_and_the_next_starts_after_the_s
     let (zk, name, mut a) = held(&sb, "sigkill");
     let a_child = a.child();
     let mut b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
-    wait_for_queue_len(&zk.connect(), &name, 2, STARTUP);
+    wait_for_queue_len(zk.port(), &name, 2, STARTUP);
 
     let killed_ns = now_ns();
     a.run.kill(Signal::SIGKILL);
@@ -367,7 +393,7 @@ fn holder_stopped_for_two_timeouts(stopped: Stopped) {
     let a_child = a.child();
     assert_a_watchdog_between(a.run.pid(), a_child);
     let mut c = Job::spawn(lw(), Marks::new(&sb, "c"), false);
-    wait_for_queue_len(&zk.connect(), &name, 2, STARTUP);
+    wait_for_queue_len(zk.port(), &name, 2, STARTUP);
 
     let takeover = stop_for_two_ttls_while_c_takes_over(stopped, &a, &c);
     assert!(
@@ -394,7 +420,7 @@ fn assert_next_holder_undisturbed(zk: &Zk, name: &str, next: &Job) {
         "the next holder's child was disturbed"
     );
     assert!(!next.marks.end.exists(), "the next holder's child ended");
-    let nodes = queue(&zk.connect(), name);
+    let nodes = queue(zk.port(), name);
     assert_eq!(nodes.len(), 1, "nodes left: {nodes:?}");
     let node = format!("{}/{}", lock_dir(name), nodes[0]);
     let stat = zookeeper::stat(&zk.connect(), &node).expect("the next holder's node");
@@ -432,7 +458,7 @@ fn client_link_fault(fault: Mode, label: &str) -> crate::etcd::Takeover {
     let mut a = Job::spawn(zk_job(&through, &name), Marks::new(&sb, "a"), true);
     a.child();
     let mut c = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "c"), false);
-    wait_for_queue_len(&zk.connect(), &name, 2, STARTUP);
+    wait_for_queue_len(zk.port(), &name, 2, STARTUP);
 
     into_the_second_renewal_interval(&a);
     proxy.set_mode(fault);
@@ -460,7 +486,7 @@ fn deleting_the_lock_node_stops_the_child_and_exits_124() {
     let sb = Sandbox::new();
     let (zk, name, mut h) = held(&sb, "deleted");
     let child = h.child();
-    let nodes = queue(&zk.connect(), &name);
+    let nodes = queue(zk.port(), &name);
     let node = format!("{}/{}", lock_dir(&name), nodes[0]);
     zookeeper::cli_ok(&zk.connect(), &["delete", &node]);
     let done = Instant::now();
@@ -514,7 +540,7 @@ fn fenced_put_writes_while_the_lock_is_held_and_is_refused_after_a_loss() {
     a.run.kill(Signal::SIGKILL);
     a.wait(STARTUP);
     wait_until(TAKEOVER_BOUND, "the dead holder's node to go", || {
-        queue(&zk.connect(), &name).is_empty()
+        queue(zk.port(), &name).is_empty()
     });
     let refused = fenced_put(&env, &key, "after the loss");
     assert_exit(&refused, 73);

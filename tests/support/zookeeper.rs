@@ -164,6 +164,11 @@ impl Zk {
         self.member.addr()
     }
 
+    /// The client port, for four-letter words.
+    pub fn port(&self) -> u16 {
+        self.member.client
+    }
+
     /// The server's pid while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.member.child.as_ref().map(Child::id)
@@ -291,6 +296,11 @@ impl Ensemble {
     /// Member `i`'s client address alone: a connect string that pins a client to it.
     pub fn endpoint(&self, i: usize) -> String {
         self.members[i].connect()
+    }
+
+    /// Member `i`'s client port, for four-letter words.
+    pub fn port(&self, i: usize) -> u16 {
+        self.members[i].client
     }
 
     /// Member `i`'s pid while it runs.
@@ -575,6 +585,35 @@ pub fn four_letter(port: u16, word: &str) -> Result<String, String> {
     Ok(reply)
 }
 
+/// The ephemeral nodes under `parent` (sorted), from the `dump` four-letter word of the server on
+/// `port`, which must be the leader or a standalone server (a follower's dump lists none). No JVM
+/// to start: cheap enough to poll.
+pub fn ephemerals_under(port: u16, parent: &str) -> Result<Vec<String>, String> {
+    let dump = four_letter(port, "dump")?;
+    let prefix = format!("{}/", parent.trim_end_matches('/'));
+    let mut nodes: Vec<String> = dump
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(&prefix))
+        .filter(|rest| !rest.contains('/'))
+        .map(str::to_owned)
+        .collect();
+    nodes.sort();
+    Ok(nodes)
+}
+
+/// The total of watches the server on `port` holds, from `wchs`.
+pub fn total_watches(port: u16) -> Result<u64, String> {
+    let wchs = four_letter(port, "wchs")?;
+    let total = wchs
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Total watches:"));
+    let total = total.ok_or_else(|| format!("no total in wchs: {wchs}"))?;
+    total
+        .trim()
+        .parse()
+        .map_err(|e| format!("wchs total {total:?}: {e}"))
+}
+
 /// Runs ZooKeeper's own CLI (`ZooKeeperMain -server CONNECT ARGS...`): one command, its answer on
 /// stdout, within `bound`.
 pub fn cli(connect: &str, args: &[&str]) -> Output {
@@ -597,6 +636,46 @@ pub fn cli(connect: &str, args: &[&str]) -> Output {
         stdout: out.stdout.into_bytes(),
         stderr: out.stderr.into_bytes(),
     }
+}
+
+/// ZooKeeper's CLI reading commands from a pipe: one session, kept while this lives (killed and
+/// reaped on drop, which ends the session at once).
+pub struct CliSession {
+    child: Child,
+}
+
+impl CliSession {
+    /// Sends command lines; their answers go to /dev/null.
+    pub fn write_all(&mut self, commands: &[u8]) {
+        let stdin = self.child.stdin.as_mut().expect("the CLI's stdin");
+        stdin.write_all(commands).expect("write to the CLI");
+        stdin.flush().expect("flush the CLI's stdin");
+    }
+}
+
+impl Drop for CliSession {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the CLI on `connect`, reading commands from a pipe (`CliSession::write_all`).
+pub fn cli_session(connect: &str) -> CliSession {
+    let java = checked_java(&CLI_JARS);
+    let mut cmd = Command::new(java);
+    cmd.args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"])
+        .arg("-cp")
+        .arg(CLI_JARS.join(":"))
+        .arg("org.apache.zookeeper.ZooKeeperMain")
+        .args(["-server", connect])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run ZooKeeper's CLI: {e}"));
+    CliSession { child }
 }
 
 /// The children of `path` (sorted), or None if it does not exist.

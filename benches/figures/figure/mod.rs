@@ -11,3 +11,4 @@ pub mod true_etcd;
 pub mod true_local;
 pub mod waiters;
 pub mod whole_run;
+pub mod zookeeper;

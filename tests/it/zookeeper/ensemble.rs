@@ -68,6 +68,31 @@ fn the_ensemble_elects_a_leader_and_a_cut_off_follower_stops_serving_then_rejoin
         zookeeper::TICK * zookeeper::SYNC_LIMIT,
         cut.elapsed() - served_for
     );
+    stopped_leader_is_replaced_and_a_killed_member_restarts(ensemble, leader);
+}
+
+/// The other harness faults: a SIGSTOPped leader is replaced by one of the other two and follows
+/// once continued; a SIGKILLed member serves again after `restart`.
+#[track_caller]
+fn stopped_leader_is_replaced_and_a_killed_member_restarts(mut ensemble: Ensemble, leader: usize) {
+    ensemble.signal(leader, Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let next = ensemble.leader_index();
+    assert_ne!(next, leader, "a stopped member cannot lead");
+    let elected_after = stopped.elapsed();
+    ensemble.signal(leader, Signal::SIGCONT);
+    wait_until(REJOIN_BOUND, "the continued old leader to follow", || {
+        ensemble.mode(leader).as_deref() == Some("follower")
+    });
+    ensemble.kill(leader);
+    assert_eq!(ensemble.mode(leader), None, "a killed member answers");
+    let killed = Instant::now();
+    ensemble.restart(leader);
+    eprintln!(
+        "ZooKeeper ensemble: a new leader {elected_after:.2?} after the leader's SIGSTOP; a killed \
+         member served again {:.2?} after its restart",
+        killed.elapsed()
+    );
 }
 
 /// What happens to the member A is pinned to.
@@ -110,7 +135,7 @@ impl Scenario {
         a.child();
         let b = zk_job(&ensemble.endpoint(waiter_on), &name).args(&["-w", "120s"]);
         let b = Job::spawn(b, Marks::new(&sb, "b"), false);
-        super::wait_for_queue_len(&ensemble.endpoint(leader), &name, 2, STARTUP);
+        super::wait_for_queue_len(ensemble.port(leader), &name, 2, STARTUP);
         Scenario {
             ensemble,
             faulty,
@@ -242,7 +267,7 @@ fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
     let h = Job::hold(zk_job(&ensemble.endpoint(leader), &name), &sb, "h");
     let w = zk_job(&ensemble.endpoint(cut_off), &name).args(&["-w", "120s"]);
     let w = Job::spawn(w, Marks::new(&sb, "w"), false);
-    super::wait_for_queue_len(&ensemble.endpoint(leader), &name, 2, STARTUP);
+    super::wait_for_queue_len(ensemble.port(leader), &name, 2, STARTUP);
 
     let h_token = h.token();
     ensemble.isolate(cut_off);
@@ -504,6 +529,13 @@ fn contend(
         let lw = zk_job(connect, name).args(&["-w", "20s"]);
         let mut job = Job::with_script(lw, marks, script);
         let code = job.wait(Duration::from_secs(60)).code();
+        // A usage error is no fault's doing, and would spin this loop: fail at once.
+        assert_ne!(
+            code,
+            Some(64),
+            "leasewrap refused the command line\n{}",
+            job.run.stderr()
+        );
         exits.lock().unwrap().push(code);
         run += 1;
     }

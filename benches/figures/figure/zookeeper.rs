@@ -1,0 +1,229 @@
+//! Figure 11: the ZooKeeper backend next to etcd's figures (issue 17), on a standalone
+//! ZooKeeper 3.8 of the tests' harness (tickTime 200 ms):
+//! - `-- true` uncontended, leasewrap on ZooKeeper against leasewrap on etcd, interleaved;
+//! - the handover, exec to exit, as figure 3 measures it;
+//! - what holding asks of ZooKeeper: packets and transactions per second of one holder;
+//! - peak RSS (VmHWM) of leasewrap + watchdog while the child runs, read after a renewal.
+
+use std::ffi::OsString;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::whole_run::{alternate, Run};
+use crate::bench::{os, Bench, Child, Fifo, Lock, Tool, QUEUE_BOUND, START_BOUND};
+use crate::procs::{children, kb_field};
+use crate::report::{Figure, Row};
+use crate::stats::{dist, median, ratio};
+use crate::support::zookeeper::{self, Zk};
+
+/// The session timeout asked of the holders whose cost and memory are read.
+const TTL: u32 = 3;
+
+/// How long one holder's requests are counted.
+const COUNTED_FOR: Duration = Duration::from_secs(9);
+
+/// How often ZooKeeper's four-letter words are asked again while waiting.
+const LOOK: Duration = Duration::from_millis(5);
+
+pub fn figure(bench: &mut Bench) -> Figure {
+    let zk = Zk::start();
+    bench.procs.spare(zk.pid().expect("ZooKeeper runs") as i32);
+    let true_row = true_row(bench, &zk);
+    let handover = handover_row(bench, &zk);
+    let (rss_row, cost) = rss_and_cost(bench, &zk);
+    Figure {
+        rows: vec![true_row, handover, rss_row],
+        notes: vec![cost],
+    }
+}
+
+/// leasewrap's command line for `lock` on the ZooKeeper at `zk`: figure 1's, with
+/// `--zookeeper CONNECT` instead of `--endpoints ENDPOINT`.
+fn argv_zk(bench: &Bench, zk: &Zk, lock: &Lock, child: &[OsString]) -> Vec<OsString> {
+    let mut argv = bench.argv(Tool::Leasewrap, lock, child);
+    argv.splice(1..3, os(&["--zookeeper".to_owned(), zk.connect()]));
+    argv
+}
+
+fn true_row(bench: &mut Bench, zk: &Zk) -> Row {
+    let lock = Lock::new("zk-true");
+    let on_zk = argv_zk(bench, zk, &lock, &os(&["true"]));
+    let on_etcd = bench.argv(Tool::Leasewrap, &lock, &os(&["true"]));
+    let runs: Vec<Run> = vec![
+        ("leasewrap-zk", Box::new(|_| on_zk.clone())),
+        ("leasewrap-etcd", Box::new(|_| on_etcd.clone())),
+    ];
+    let r = alternate(bench, &runs, bench.sizes.n);
+    Row {
+        leasewrap: dist(&r[0], "ms", 2),
+        baseline: format!("leasewrap on etcd: {}", dist(&r[1], "ms", 2)),
+        ..Row::new(
+            "true-zk",
+            "11. `-- true` uncontended, ZooKeeper (whole process)",
+        )
+        .with_ratio(ratio(median(&r[0]), median(&r[1])))
+    }
+}
+
+/// Figure 3's exec-to-exit handover on ZooKeeper: the holder's child (`cat FIFO`) exits, the
+/// waiter's child (`echo`) execs.
+fn handover_row(bench: &mut Bench, zk: &Zk) -> Row {
+    let gaps: Vec<f64> = (0..bench.sizes.n)
+        .map(|i| handover_once(bench, zk, &format!("zk-ho{i}")))
+        .collect();
+    Row {
+        leasewrap: dist(&gaps, "ms", 2),
+        ..Row::new(
+            "handover-zk",
+            "11. handover on ZooKeeper: holder's child exits → waiter's child execs",
+        )
+        .set("median_ms", median(&gaps))
+    }
+}
+
+fn handover_once(bench: &mut Bench, zk: &Zk, name: &str) -> f64 {
+    let fifo = Fifo::new(bench.path(&format!("fifo-{name}")));
+    bench.events.reset();
+    let lock = Lock::new(name);
+    let hold = os(&[bench.child(Child::Hold).as_os_str(), fifo.0.as_os_str()]);
+    let holder = bench
+        .procs
+        .spawn(&argv_zk(bench, zk, &lock, &hold), "zk-handover", None);
+    let (_, child) = bench.started(Child::Hold, &[holder]);
+    let watches = zookeeper::total_watches(zk.port()).expect("wchs answers");
+    let next = os(&[bench.child(Child::Next).as_os_str(), "first".as_ref()]);
+    let waiter = bench
+        .procs
+        .spawn(&argv_zk(bench, zk, &lock, &next), "zk-handover", None);
+    wait_queued(zk, name, watches);
+    bench.events.watch_exit(child, "exit");
+    fifo.release(b"x\n");
+    let got = bench
+        .events
+        .wait_all(&["exit", Child::Next.label()], START_BOUND);
+    assert_eq!(
+        got.len(),
+        2,
+        "ZooKeeper handover {name}: saw only {:?}",
+        got.keys()
+    );
+    bench.procs.finish(&[holder, waiter], START_BOUND, 0);
+    bench.sweep();
+    let gap = got[Child::Next.label()].duration_since(got["exit"]);
+    gap.as_secs_f64() * 1e3
+}
+
+/// Waits until lease `name` has its holder's and one waiter's node, and the waiter's watch on
+/// the node ahead is set (one watch more than with the holder alone).
+#[track_caller]
+fn wait_queued(zk: &Zk, name: &str, watches_before: u64) {
+    let parent = format!("/leasewrap/{name}");
+    let deadline = Instant::now() + QUEUE_BOUND;
+    loop {
+        let nodes = zookeeper::ephemerals_under(zk.port(), &parent).expect("dump answers");
+        let watches = zookeeper::total_watches(zk.port()).expect("wchs answers");
+        if nodes.len() == 2 && watches > watches_before {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ZooKeeper: {nodes:?} queued, {watches} watches, after {QUEUE_BOUND:?}"
+        );
+        thread::sleep(LOOK);
+    }
+}
+
+/// One holder with `--ttl 3s`: its VmHWM (leasewrap + watchdog) once it has renewed, and what it
+/// asked of ZooKeeper over `COUNTED_FOR`.
+fn rss_and_cost(bench: &mut Bench, zk: &Zk) -> (Row, String) {
+    let mut hwm = Vec::new();
+    let mut cost = Vec::new();
+    for i in 0..bench.sizes.n_memory {
+        let (mib, spent) = hold_and_read(bench, zk, &format!("zk-rss{i}"));
+        hwm.push(mib);
+        cost.push(spent);
+    }
+    let mib_in_mb = (1u64 << 20) as f64 / 1e6;
+    let row = Row {
+        leasewrap: dist(&hwm, "MiB", 1),
+        ..Row::new(
+            "rss-zk",
+            "11. peak RSS (VmHWM), leasewrap + watchdog, ZooKeeper backend",
+        )
+        .set("median_mb", median(&hwm).map(|m| m * mib_in_mb))
+    };
+    let per_s = |f: fn(&Cost) -> f64| {
+        let v: Vec<f64> = cost
+            .iter()
+            .map(|c| f(c) / COUNTED_FOR.as_secs_f64())
+            .collect();
+        dist(&v, "/s", 2)
+    };
+    let note = format!(
+        "What one ZooKeeper holder asks (session timeout {TTL} s, counted over {COUNTED_FOR:?} \
+         of holding, no other client): packets received by the server {}, transactions (the \
+         zxid's counter) {}. Every renewal is a read of the own node, a sync and a multi with a \
+         check of it (docs/zookeeper.md §4.5); the server's own pings of an idle session add to \
+         the packets.",
+        per_s(|c| c.packets),
+        per_s(|c| c.txns)
+    );
+    (row, note)
+}
+
+/// Packets and transactions ZooKeeper counted.
+struct Cost {
+    packets: f64,
+    txns: f64,
+}
+
+impl Cost {
+    fn of(zk: &Zk) -> Cost {
+        let mntr = zookeeper::four_letter(zk.port(), "mntr").expect("mntr answers");
+        let packets = mntr
+            .lines()
+            .find_map(|l| l.strip_prefix("zk_packets_received"));
+        let srvr = zk.srvr().expect("srvr answers");
+        let zxid = srvr.lines().find_map(|l| l.strip_prefix("Zxid: 0x"));
+        Cost {
+            packets: packets.and_then(|p| p.trim().parse().ok()).unwrap_or(0.0),
+            txns: zxid.map_or(0.0, |z| {
+                u64::from_str_radix(z.trim(), 16).unwrap_or(0) as f64
+            }),
+        }
+    }
+}
+
+/// Holds `name` (child `Sleep`) until it renewed, reads its VmHWM, then counts `COUNTED_FOR` of
+/// its requests.
+fn hold_and_read(bench: &mut Bench, zk: &Zk, name: &str) -> (f64, Cost) {
+    bench.events.reset();
+    let child = os(&[bench.child(Child::Sleep).as_os_str(), "1000".as_ref()]);
+    let argv = argv_zk(bench, zk, &Lock::new(name).ttl(TTL), &child);
+    let pid = bench.procs.spawn(&argv, "zk-memory", None);
+    let (started, child) = bench.started(Child::Sleep, &[pid]);
+    // The first renewal is behind it once a request came after half the timeout: a point in the
+    // scenario, as figure 6 reads etcd's holders.
+    let after = started + Duration::from_secs(u64::from(TTL)) / 2;
+    thread::sleep(after.saturating_duration_since(Instant::now()));
+    let half = Cost::of(zk);
+    while Cost::of(zk).packets <= half.packets {
+        assert!(after.elapsed() < START_BOUND, "no request from the holder");
+        thread::sleep(LOOK);
+    }
+    let mut pids = vec![pid];
+    pids.extend(children(pid).into_iter().filter(|&c| c != child));
+    let kib: u64 = pids
+        .iter()
+        .map(|p| kb_field(&format!("/proc/{p}/status"), "VmHWM"))
+        .sum();
+    let before = Cost::of(zk);
+    thread::sleep(COUNTED_FOR);
+    let now = Cost::of(zk);
+    bench.sweep();
+    let spent = Cost {
+        packets: now.packets - before.packets,
+        txns: now.txns - before.txns,
+    };
+    (kib as f64 / 1024.0, spent)
+}
