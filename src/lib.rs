@@ -10,6 +10,7 @@
 //! - `lease`: taking, keeping and giving back a lease on any backend; knows no processes.
 //! - `lease::backend`: the one interface of a backend (lease, records, status, fenced-put).
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
+//! - `lease::timing::zk`: ZooKeeper's rule: a Look, a Sync after the leader's PING bound, a Check.
 //! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.
 //! - `lease::etcd::client`: dialling, retries, telling 69 from 77, guarded transactions.
 //! - `lease::etcd::session`: the lease and the keeper task that renews it.

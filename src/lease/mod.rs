@@ -44,6 +44,10 @@ pub enum LossReason {
     KeyGone(String),
     /// The local lock file was deleted or replaced; the text says how.
     LockFile(String),
+    /// ZooKeeper says the session has expired or was closed.
+    SessionExpired,
+    /// A reconnect negotiated a shorter session timeout than the one the rule counts with.
+    TimeoutShortened(Duration),
 }
 
 impl std::fmt::Display for LossReason {
@@ -60,6 +64,12 @@ impl std::fmt::Display for LossReason {
             LossReason::KeyReplaced(key) => write!(f, "lock key {key} was replaced"),
             LossReason::KeyGone(key) => write!(f, "lock key {key} is gone"),
             LossReason::LockFile(why) => f.write_str(why),
+            LossReason::SessionExpired => f.write_str("ZooKeeper says the session has expired"),
+            LossReason::TimeoutShortened(t) => write!(
+                f,
+                "ZooKeeper renegotiated a shorter session timeout ({} ms) on reconnecting",
+                t.as_millis()
+            ),
         }
     }
 }
@@ -162,6 +172,11 @@ mod tests {
             (
                 LossReason::LockFile("lock file replaced".into()),
                 "lock file replaced",
+            ),
+            (LossReason::SessionExpired, "session has expired"),
+            (
+                LossReason::TimeoutShortened(Duration::from_millis(2_400)),
+                "shorter session timeout (2400 ms)",
             ),
         ];
         for (reason, says) in cases {
