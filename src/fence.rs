@@ -22,16 +22,15 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use etcd_client::TxnOp;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, Flock, FlockArg, OFlag};
 use nix::sys::stat::{Mode, SFlag};
 
 use crate::cli::{FencedPutArgs, FencedWriteArgs};
-use crate::config::{self, Backend, Env};
+use crate::config::{self, Env};
 use crate::error::Error;
 use crate::files::{self, Dir};
-use crate::lease::etcd::client::{self, Conn, Guarded};
+use crate::lease::backend::GuardedPut;
 use crate::supervise::{self, Exit};
 
 /// `leasewrap fenced-write`: DEST from stdin, or from COMMAND's stdout; the status to exit with.
@@ -366,17 +365,11 @@ struct Temp {
     file: File,
 }
 
-/// `leasewrap fenced-put`: one transaction, the put only if the lock key's create revision is
-/// still the token; otherwise the lock key's current state, for the message.
+/// `leasewrap fenced-put`: the put only while the lock is still the token's, in one request
+/// of the backend's (`lease::backend::Fence`); otherwise what the lock holds now, for the message.
 pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
-    let cfg = match config::backend(&args.conn, None, env)? {
-        Backend::Etcd(cfg) => cfg,
-        Backend::Local { .. } => {
-            return Err(Error::Usage(
-                "fenced-put needs etcd: give --endpoints or set LEASEWRAP_ENDPOINTS".into(),
-            ))
-        }
-    };
+    let backend = config::backend(&args.conn, None, env)?;
+    let fence = crate::lease::backend::fence(&backend)?;
     let token = given(
         "fenced-put",
         args.token,
@@ -389,91 +382,20 @@ pub async fn put(args: &FencedPutArgs, env: Env<'_>) -> Result<(), Error> {
         "the lock key: give --lock-key KEY",
         KEY_VAR,
     )?;
-    let revision = i64::try_from(token)
-        .map_err(|_| Error::Usage(format!("--token {token} is beyond any etcd revision")))?;
-    reserved(&args.put_key, lock_key, &cfg.prefix).map_err(Error::Usage)?;
-    let put = TxnOp::put(args.put_key.as_str(), args.value.as_str(), None);
-    let conn = Conn::dial(&cfg).await?;
-    match client::guarded_txn(&conn, lock_key, revision, vec![put]).await? {
-        Guarded::Applied(_) => {
-            tracing::debug!(key = %args.put_key, token, "put");
-            Ok(())
-        }
-        Guarded::Refused { create_revision } => Err(Error::StaleToken {
-            given: token,
-            seen: lock_key_state(lock_key, create_revision),
-        }),
-    }
-}
-
-/// Why fenced-put must not write `key`, if it must not: it is leasewrap's own. Under the
-/// prefix's run records (`PREFIX/runs/`) a put would forge another job's record, which only
-/// leasewrap writes, under the lease of the record's NAME; under a lock's queue (`PREFIX NAME/`)
-/// a key without a lease would take part in that mutex and hold it for ever once it came first.
-/// The own queue is known from the lock key (`PREFIX NAME/<lease id hex>`) and always refused;
-/// any other queue only under a non-empty prefix, since with `--prefix ''` every `a/b` key of
-/// other applications looks like one.
-fn reserved(key: &str, lock_key: &str, prefix: &str) -> Result<(), String> {
-    let records = crate::runs::etcd::records_prefix(prefix);
-    if key.starts_with(&records) {
-        return Err(format!(
-            "fenced-put does not write {key:?}: keys under {records:?} are leasewrap's run records, written only under the lease of their own NAME"
-        ));
-    }
-    let own_queue = lock_key
-        .rsplit_once('/')
-        .filter(|(_, id)| {
-            !id.is_empty() && id.len() <= 16 && id.bytes().all(|b| b.is_ascii_hexdigit())
-        })
-        .map(|(queue, _)| format!("{queue}/"));
-    let in_a_queue = !prefix.is_empty()
-        && key
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.split_once('/'))
-            .is_some_and(|(name, _)| config::check_name(name).is_ok());
-    if in_a_queue || own_queue.is_some_and(|q| key.starts_with(&q)) {
-        return Err(format!(
-            "fenced-put does not write {key:?}: it is under a lock's queue (PREFIX NAME/), where any key takes part in the lock; write outside the prefix {prefix:?}"
-        ));
-    }
+    let put = GuardedPut {
+        lock_key,
+        token,
+        key: &args.put_key,
+        value: &args.value,
+    };
+    fence.put(&put).await?;
+    tracing::debug!(key = %args.put_key, token, "put");
     Ok(())
-}
-
-/// What a refused fenced-put found at the lock key: another holder's key, or none.
-fn lock_key_state(lock_key: &str, create_revision: Option<i64>) -> String {
-    match create_revision {
-        Some(rev) => format!("lock key {lock_key} has create revision {rev} (another holder)"),
-        None => format!("lock key {lock_key} does not exist (its lease has ended)"),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fenced_put_refuses_run_records_and_lock_queues_only() {
-        let lock = "leasewrap/job/694d8a1c2b";
-        for refused in [
-            "leasewrap//runs/other/k",
-            "leasewrap//runs/job/k",
-            "leasewrap/job/694d8a1c2b",
-            "leasewrap/job/x",
-            "leasewrap/other/1f",
-        ] {
-            assert!(reserved(refused, lock, "leasewrap/").is_err(), "{refused}");
-        }
-        for allowed in ["app/config", "leasewrap/notes", "leasewrap", "t/data"] {
-            assert_eq!(reserved(allowed, lock, "leasewrap/"), Ok(()), "{allowed}");
-        }
-        // With --prefix '' only the records and the own queue are known to be leasewrap's.
-        let lock = "job/694d8a1c2b";
-        assert!(reserved("/runs/job/k", lock, "").is_err());
-        assert!(reserved("job/data", lock, "").is_err());
-        assert_eq!(reserved("app/config", lock, ""), Ok(()));
-        // A lock key not in the mutex layout has no queue to protect.
-        assert_eq!(reserved("t/1/data", "t/1/lock", "leasewrap/"), Ok(()));
-    }
 
     #[test]
     fn a_lower_token_is_stale_an_equal_or_higher_one_is_not() {
@@ -515,14 +437,6 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn a_refused_put_says_what_the_lock_key_holds() {
-        let s = lock_key_state("leasewrap/job/694d", Some(9));
-        assert!(s.contains("create revision 9"), "{s}");
-        let s = lock_key_state("leasewrap/job/694d", None);
-        assert!(s.contains("does not exist"), "{s}");
     }
 
     fn dir() -> tempfile::TempDir {

@@ -7,13 +7,17 @@
 //! - `config`: a checked `Config` from the command line and the environment.
 //! - `error`: the one error enum and the one mapping to exit statuses.
 //! - `clock`: CLOCK_BOOTTIME behind one small type.
-//! - `lease`: taking, keeping and giving back a lease on either backend; knows no processes.
+//! - `lease`: taking, keeping and giving back a lease on any backend; knows no processes.
+//! - `lease::backend`: the one interface of a backend (lease, records, status, fenced-put).
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
+//! - `lease::timing::zk`: ZooKeeper's rule: a Look, a Sync after the leader's PING bound, a Check.
 //! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.
 //! - `lease::etcd::client`: dialling, retries, telling 69 from 77, guarded transactions.
 //! - `lease::etcd::session`: the lease and the keeper task that renews it.
 //! - `lease::etcd::mutex`: queueing the lock key, waiting for the turn, the own-key watch.
-//! - `lease::local`: the flock backend.
+//! - `lease::etcd::runs`, `lease::etcd::status`, `lease::etcd::fence`: its records, status, puts.
+//! - `lease::local`: the flock backend; `lease::local::held`: its side of `lease::backend`.
+//! - `lease::local::runs`, `lease::local::status`: its run records, and `status` of its locks.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
 //! - `supervise::oversight`: leasewrap's check that the watchdog is not stopped when it must act.
@@ -25,11 +29,9 @@
 //! - `runs::record`: the run record, its outcomes, and the decision taken from it (pure).
 //! - `runs::slot`: the --once-per slot key (pure).
 //! - `runs::book`: what one invocation reads, records and reports; the run loop's three calls.
-//! - `runs::local`, `runs::etcd`: where each backend keeps the records, written under the token.
 //! - `runs::file`: whole-file replacement without following symlinks.
 //! - `runs::metrics`: the node_exporter textfile.
 //! - `status`: `leasewrap status`, who holds what; the holder record.
-//! - `status::etcd`, `status::local`: what each backend stores, as status values.
 //! - `status::runs`: the last runs of each lease, and `status --once KEY`.
 //! - `fence`: `fenced-write` and `fenced-put`, the resource side of fencing.
 //! - `fence_sql`: `fence-sql`, the SQL of the database fence (sql/), printed.

@@ -11,7 +11,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{self, Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
-use crate::lease::{self, Held, LeaseEvent, Lessor, LossReason};
+use crate::lease::backend::{self, Lessor};
+use crate::lease::{Held, LeaseEvent, LossReason};
 use crate::notify::Notifier;
 use crate::runs::book::Book;
 use crate::status::Holder;
@@ -77,7 +78,7 @@ pub fn run(cfg: &Config) -> Result<Exit, Error> {
     let notifier = Notifier::from_env();
     notifier.send(&format!("STATUS=waiting for lease {}", cfg.name));
     let early = fork_watchdog(cfg).and_then(|mut watchdog| {
-        lease::announce(cfg);
+        backend::announce(cfg);
         let held = start_early(cfg, &mut watchdog)?;
         Ok((watchdog, held))
     });
@@ -100,7 +101,7 @@ fn start_early(cfg: &Config, watchdog: &mut Forked) -> Result<Option<Held>, Erro
         return Ok(None);
     }
     let record = Holder::this_process(&cfg.command).to_record();
-    let held = Held::take_local_now(cfg, &record)?;
+    let held = backend::take_now(cfg, &record)?;
     if let Some(held) = &held {
         watchdog.start(&child_lease(&lease_env(cfg, held), held));
     }
@@ -143,11 +144,11 @@ async fn run_in(
         Some(held) => book.before_start(&held).await.map(|()| held)?,
         None => take_and_start(cfg, book, &mut sup, &mut signals).await?,
     };
-    book.child_started(&held);
+    book.child_started(&mut held);
     crate::log::note(None, Some(held.token), None);
     info!(name = %cfg.name, token = held.token, "acquired");
     let outcome = hold(cfg, &mut held, &mut sup, &mut signals, notifier).await;
-    let outcome = book.after_run(&held, outcome).await;
+    let outcome = book.after_run(&mut held, outcome).await;
     notifier.send("STOPPING=1");
     let token = held.token;
     held.release().await;
@@ -162,9 +163,11 @@ async fn take_and_start(
     sup: &mut Supervisor,
     signals: &mut Signals,
 ) -> Result<Held, Error> {
-    let mut lessor = Lessor::connect(cfg).await?;
-    lessor.read_along(book.record_key());
-    let held = acquire(cfg, &mut lessor, signals).await?;
+    let mut lessor = backend::lessor(cfg).await?;
+    if let Some(key) = book.once_key() {
+        lessor.read_along(&cfg.name, key);
+    }
+    let held = acquire(cfg, &mut *lessor, signals).await?;
     if let Err(skip) = book.before_start(&held).await {
         held.release().await;
         return Err(skip);
@@ -174,7 +177,11 @@ async fn take_and_start(
 }
 
 /// Wait for the lease as `-n`/`-w` say; a signal ends the wait and starts nothing.
-async fn acquire(cfg: &Config, lessor: &mut Lessor, signals: &mut Signals) -> Result<Held, Error> {
+async fn acquire(
+    cfg: &Config,
+    lessor: &mut dyn Lessor,
+    signals: &mut Signals,
+) -> Result<Held, Error> {
     let limit = async {
         match cfg.wait {
             Wait::For(d) => tokio::time::sleep(d).await,
@@ -367,7 +374,7 @@ const LEASE_VARS: &[LeaseVar] = &[
         own: false,
         value: |cfg, _| match &cfg.backend {
             Backend::Local { dir } => Some(dir.display().to_string()),
-            Backend::Etcd(_) => None,
+            _ => None,
         },
     },
     LeaseVar {
@@ -407,7 +414,7 @@ const LEASE_VARS: &[LeaseVar] = &[
 fn etcd(cfg: &Config) -> Option<&EtcdConfig> {
     match &cfg.backend {
         Backend::Etcd(e) => Some(e),
-        Backend::Local { .. } => None,
+        _ => None,
     }
 }
 

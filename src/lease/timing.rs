@@ -16,6 +16,8 @@ use std::time::Duration;
 use super::LossReason;
 use crate::clock::BootInstant;
 
+pub mod zk;
+
 /// The timing options of one run, before a TTL is granted.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Params {
@@ -74,7 +76,17 @@ pub fn stop_time(deadline: BootInstant, kill_after: Duration) -> BootInstant {
 impl Params {
     /// The values in force once the server granted `ttl`, checked against the validation rule.
     pub fn effective(&self, ttl: Duration) -> Result<Effective, DoesNotFit> {
-        let e = Effective {
+        let e = self.effective_unchecked(ttl);
+        if e.renew_every() + e.kill_after + e.margin < e.server_bound() {
+            Ok(e)
+        } else {
+            Err(DoesNotFit(e))
+        }
+    }
+
+    /// The values in force for `ttl`, before any backend's rule has checked them.
+    fn effective_unchecked(&self, ttl: Duration) -> Effective {
+        Effective {
             ttl,
             kill_after: self
                 .kill_after
@@ -83,11 +95,6 @@ impl Params {
                 .margin
                 .unwrap_or_else(|| (ttl / 10).min(Duration::from_secs(1))),
             drift: self.drift,
-        };
-        if e.renew_every() + e.kill_after + e.margin < e.server_bound() {
-            Ok(e)
-        } else {
-            Err(DoesNotFit(e))
         }
     }
 }

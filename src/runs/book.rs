@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use super::metrics::{self, Sample};
 use super::record::{time_text, unix_seconds, Decision, Outcome, Run, RunRecord};
-use super::{etcd, local, Once, Written};
-use crate::config::{Backend, Config};
+use super::Written;
+use crate::config::Config;
 use crate::error::Error;
 use crate::lease::Held;
 use crate::status::printable;
@@ -26,8 +26,6 @@ pub struct Book<'a> {
     prior: Option<RunRecord>,
     /// KEY's record as it stands at the end: the one written, or the prior one.
     now: Option<RunRecord>,
-    /// On etcd, the lease for this run's record, asked for while the child runs.
-    record_lease: Option<etcd::RecordLease>,
 }
 
 impl<'a> Book<'a> {
@@ -40,7 +38,6 @@ impl<'a> Book<'a> {
             child_start: None,
             prior: None,
             now: None,
-            record_lease: None,
         }
     }
 
@@ -51,7 +48,7 @@ impl<'a> Book<'a> {
         let Some(once) = &self.cfg.once else {
             return Ok(());
         };
-        self.prior = read(self.cfg, once, held).await?;
+        self.prior = held.read_record(&self.cfg.name, &once.key).await?;
         self.now.clone_from(&self.prior);
         let Some(prior) = &self.prior else {
             return Ok(());
@@ -72,23 +69,18 @@ impl<'a> Book<'a> {
         }
     }
 
-    /// With --once on etcd, the key of KEY's record: read in the transaction that takes the
-    /// lease or finds it ours, so that [`Book::before_start`] needs no read of its own.
-    pub fn record_key(&self) -> Option<String> {
-        match (&self.cfg.backend, &self.cfg.once) {
-            (Backend::Etcd(e), Some(once)) => {
-                Some(etcd::record_key(&e.prefix, &self.cfg.name, &once.key))
-            }
-            _ => None,
-        }
+    /// With --once, the KEY whose record the backend may read along with taking the lease,
+    /// so that [`Book::before_start`] needs no read of its own.
+    pub fn once_key(&self) -> Option<&str> {
+        self.cfg.once.as_ref().map(|o| o.key.as_str())
     }
 
-    /// The child is being started now. With --once on etcd, the lease for its record is asked
-    /// for while it runs.
-    pub fn child_started(&mut self, held: &Held) {
+    /// The child is being started now. With --once, the backend prepares the record's write
+    /// while it runs (on etcd, the record's lease is asked for).
+    pub fn child_started(&mut self, held: &mut Held) {
         self.child_start = Some(SystemTime::now());
-        if let (Some(once), Some(conn)) = (&self.cfg.once, held.etcd_conn()) {
-            self.record_lease = Some(etcd::RecordLease::ask(conn, once.keep));
+        if let Some(once) = &self.cfg.once {
+            held.child_started(once.keep);
         }
     }
 
@@ -96,7 +88,7 @@ impl<'a> Book<'a> {
     /// A success that cannot be recorded is not one: the lease was lost, or the write failed.
     pub async fn after_run(
         &mut self,
-        held: &Held,
+        held: &mut Held,
         ended: Result<Exit, Error>,
     ) -> Result<Exit, Error> {
         let (Some(once), Some(start)) = (&self.cfg.once, self.child_start) else {
@@ -104,15 +96,13 @@ impl<'a> Book<'a> {
         };
         // A lost lease's token can write nothing; trying would only delay the exit.
         if matches!(ended, Err(Error::Lost { .. })) {
-            if let Some(lease) = self.record_lease.take() {
-                lease.drop_unused();
-            }
+            held.record_unused();
             return ended;
         }
         let run = run_of(held.token, start, &ended);
         let record = run.record(&self.cfg.name, &once.key, self.prior.as_ref(), once.keep);
         let success = run.outcome == Outcome::RanOk;
-        match write(self.cfg, once, held, &record, self.record_lease.take()).await {
+        match held.write_record(&record, once.keep).await {
             Ok(Written::Stored) => {
                 self.now = Some(record);
                 ended
@@ -234,34 +224,4 @@ fn ran_by(r: &RunRecord) -> String {
         r.token,
         time_text(r.end)
     )
-}
-
-async fn read(cfg: &Config, once: &Once, held: &Held) -> Result<Option<RunRecord>, Error> {
-    match (&cfg.backend, held.etcd_conn()) {
-        (Backend::Etcd(e), Some(conn)) => match held.along() {
-            Some(value) => etcd::parse(&e.prefix, &cfg.name, &once.key, value),
-            None => etcd::read(conn, &e.prefix, &cfg.name, &once.key).await,
-        },
-        (Backend::Local { dir }, _) => local::read(dir, &cfg.name, &once.key),
-        (Backend::Etcd(_), None) => Err(Error::Internal("an etcd lease without a client".into())),
-    }
-}
-
-async fn write(
-    cfg: &Config,
-    once: &Once,
-    held: &Held,
-    record: &RunRecord,
-    lease: Option<etcd::RecordLease>,
-) -> Result<Written, Error> {
-    match (&cfg.backend, held.etcd_conn(), lease) {
-        (Backend::Etcd(e), Some(conn), Some(lease)) => {
-            let lock = (held.key.as_str(), held.token);
-            etcd::write(conn, &e.prefix, lock, record, lease, once.keep).await
-        }
-        (Backend::Local { dir }, _, _) => local::write(dir, record, || held.local_check()),
-        (Backend::Etcd(_), _, _) => Err(Error::Internal(
-            "an etcd lease without a connection or a record lease".into(),
-        )),
-    }
 }

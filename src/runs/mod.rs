@@ -69,8 +69,6 @@ pub struct Once {
     pub max_attempts: Option<u32>,
 }
 pub mod book;
-pub mod etcd;
-pub mod local;
 
 /// What stands at a record's place and is not a record of it (a FIFO, a link, another layout,
 /// a damaged value), for `status` to show.

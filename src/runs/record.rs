@@ -1,6 +1,6 @@
 //! The run record of one (name, KEY): what every host of the backend knows about the runs of KEY,
 //! and the pure decision taken from it before a child starts. No I/O here: the stores in
-//! `runs::local` and `runs::etcd` move the bytes.
+//! each backend's `runs` module move the bytes.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,11 +1,9 @@
 //! `leasewrap status`: who holds a lease, with which token, for how long still, and how many
 //! wait. Reads only: it never takes, changes or creates a lease, a key, a file or a directory.
 //!
-//! The backends (`etcd`, `local`) each turn what they store into [`LeaseStatus`] values; this
-//! module prints them as aligned text or JSON and chooses the exit status.
+//! Each backend turns what it stores into [`LeaseStatus`] values (its `lease::backend::Reader`);
+//! this module prints them as aligned text or JSON and chooses the exit status.
 
-mod etcd;
-mod local;
 mod runs;
 
 use std::ffi::OsString;
@@ -14,7 +12,7 @@ use std::io::Write;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::StatusArgs;
-use crate::config::{self, Backend, Env};
+use crate::config::{self, Env};
 use crate::error::Error;
 
 /// How `status` ends, beside the errors every subcommand shares; the man page prints this table.
@@ -107,7 +105,7 @@ impl Holder {
 
 impl LeaseStatus {
     /// A lease that nobody holds.
-    fn free(name: &str, backend: &'static str) -> LeaseStatus {
+    pub(crate) fn free(name: &str, backend: &'static str) -> LeaseStatus {
         LeaseStatus {
             name: name.to_owned(),
             backend,
@@ -125,7 +123,7 @@ impl LeaseStatus {
     }
 
     /// A lease whose lock file was refused, for `why`.
-    fn refused(name: &str, backend: &'static str, why: String) -> LeaseStatus {
+    pub(crate) fn refused(name: &str, backend: &'static str, why: String) -> LeaseStatus {
         LeaseStatus {
             waiters: None,
             refused: Some(why),
@@ -149,15 +147,13 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
         config::check_name_given_as(name, given_as)?;
     }
     let backend = config::backend(&args.conn, args.local_dir.as_deref(), env)?;
+    let reader = crate::lease::backend::reader(&backend);
     if let Some(key) = once_key(args)? {
         let name = name.ok_or_else(|| Error::Usage("status --once KEY needs NAME".into()))?;
-        return runs::once(&backend, name, &key, args.json).await;
+        return runs::once(&*reader, name, &key, args.json).await;
     }
-    let mut leases = match &backend {
-        Backend::Local { dir } => local::leases(dir, name)?,
-        Backend::Etcd(cfg) => etcd::leases(cfg, name).await?,
-    };
-    runs::fill(&backend, &mut leases, name.is_none()).await?;
+    let mut leases = reader.leases(name).await?;
+    runs::fill(&*reader, &mut leases, name.is_none()).await?;
     let text = match (args.json, name) {
         (true, Some(_)) => json_line(&leases[0])?,
         (true, None) => json_line(&leases)?,

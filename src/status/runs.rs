@@ -2,91 +2,56 @@
 //! Reads only, like the rest of `status`.
 
 use super::{align, json_line, print, printable, LeaseStatus};
-use crate::config::{check_key, Backend, EtcdConfig};
+use crate::config::check_key;
 use crate::error::Error;
-use crate::lease::etcd::client::Conn;
-use crate::runs::{self, time_text, Outcome, RunRecord, Unreadable};
+use crate::lease::backend::Reader;
+use crate::runs::{time_text, Outcome, RunRecord, Unreadable};
 
 /// How many runs are shown per lease.
 pub const LAST: usize = 10;
 
-/// Where the records are read from: one etcd client for every name of a listing.
-enum Reader<'a> {
-    Local(&'a std::path::Path),
-    Etcd(Box<Conn>, &'a EtcdConfig),
-}
-
-impl<'a> Reader<'a> {
-    async fn new(backend: &'a Backend) -> Result<Reader<'a>, Error> {
-        Ok(match backend {
-            Backend::Local { dir } => Reader::Local(dir),
-            Backend::Etcd(cfg) => Reader::Etcd(Box::new(Conn::dial(cfg).await?), cfg),
-        })
-    }
-
-    /// The last runs of `name`, newest first, and what is there but is not a record.
-    async fn last(&self, name: &str) -> Result<(Vec<RunRecord>, Vec<Unreadable>), Error> {
-        let all = match self {
-            Reader::Local(dir) => runs::local::list(dir, name),
-            Reader::Etcd(conn, cfg) => runs::etcd::list(conn, &cfg.prefix, name, LAST).await?,
-        };
-        let (mut good, mut bad): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
-        for r in all {
-            match r {
-                Ok(r) => good.push(r),
-                Err(u) => bad.push(u),
-            }
-        }
-        good.sort_by(|a, b| b.end.total_cmp(&a.end));
-        good.truncate(LAST);
-        bad.sort_by(|a, b| a.key.cmp(&b.key));
-        bad.truncate(LAST);
-        Ok((good, bad))
-    }
-
-    async fn read(&self, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
-        match self {
-            Reader::Local(dir) => runs::local::look(dir, name, key),
-            Reader::Etcd(conn, cfg) => runs::etcd::read(conn, &cfg.prefix, name, key).await,
+/// The last runs of `name`, newest first, and what is there but is not a record.
+async fn last(reader: &dyn Reader, name: &str) -> Result<(Vec<RunRecord>, Vec<Unreadable>), Error> {
+    let all = reader.runs(name, LAST).await?;
+    let (mut good, mut bad): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+    for r in all {
+        match r {
+            Ok(r) => good.push(r),
+            Err(u) => bad.push(u),
         }
     }
-
-    /// The names that have records, and the backend's name for a lease row of one.
-    async fn names(&self) -> Result<(Vec<String>, &'static str), Error> {
-        Ok(match self {
-            Reader::Local(dir) => (runs::local::names(dir), "local"),
-            Reader::Etcd(conn, cfg) => (runs::etcd::names(conn, &cfg.prefix).await?, "etcd"),
-        })
-    }
+    good.sort_by(|a, b| b.end.total_cmp(&a.end));
+    good.truncate(LAST);
+    bad.sort_by(|a, b| a.key.cmp(&b.key));
+    bad.truncate(LAST);
+    Ok((good, bad))
 }
 
 /// Give each lease its last runs. For a `listing` (no NAME), a name that has records but no
 /// lease now is listed too, as a free lease with its runs.
 pub async fn fill(
-    backend: &Backend,
+    reader: &dyn Reader,
     leases: &mut Vec<LeaseStatus>,
     listing: bool,
 ) -> Result<(), Error> {
-    let reader = Reader::new(backend).await?;
     if listing {
-        let (names, backend) = reader.names().await?;
-        for name in names {
+        for name in reader.names().await? {
             if !leases.iter().any(|l| l.name == name) {
-                leases.push(LeaseStatus::free(&name, backend));
+                leases.push(LeaseStatus::free(&name, reader.label()));
             }
         }
         leases.sort_by(|a, b| a.name.cmp(&b.name));
     }
     for lease in leases {
-        (lease.runs, lease.unreadable_runs) = reader.last(&lease.name).await?;
+        (lease.runs, lease.unreadable_runs) = last(reader, &lease.name).await?;
     }
     Ok(())
 }
 
 /// `status --once KEY NAME`: one line (or JSON) saying whether KEY is done; 0 when it is.
-pub async fn once(backend: &Backend, name: &str, key: &str, json: bool) -> Result<u8, Error> {
+pub async fn once(reader: &dyn Reader, name: &str, key: &str, json: bool) -> Result<u8, Error> {
     check_key(key)?;
-    let record = Reader::new(backend).await?.read(name, key).await?;
+    let record = reader.run(name, key).await?;
     let done = record.as_ref().is_some_and(|r| r.outcome == Outcome::RanOk);
     let text = match json {
         true => json_line(&serde_json::json!({

@@ -9,8 +9,11 @@
 //! create revision. Nothing here touches a process, and nothing on the kill path waits for it.
 
 pub mod client;
+pub mod fence;
 mod mutex;
+pub mod runs;
 mod session;
+pub mod status;
 
 use std::time::Duration;
 
@@ -20,10 +23,13 @@ use self::client::{Conn, Members};
 use self::mutex::{Queued, Turn};
 pub use self::session::KeeperState;
 use self::session::{Grant, OwnKey, Session};
+use super::backend::{self, Boxed};
 use super::timing::Params;
+use super::{Held, LeaseEvent};
 use crate::clock::BootInstant;
 use crate::config::EtcdConfig;
 use crate::error::Error;
+use crate::runs::{RunRecord, Written};
 
 /// A dialled etcd and the lease being waited on, if any.
 pub struct Etcd {
@@ -56,6 +62,10 @@ pub struct EtcdHeld {
     along: Option<Option<Vec<u8>>>,
     /// Bound on the revoke at release.
     release_within: Duration,
+    /// The key prefix, where the run records are.
+    prefix: String,
+    /// With --once, the lease for this run's record, asked for while the child runs.
+    record_lease: Option<runs::RecordLease>,
 }
 
 impl Etcd {
@@ -69,12 +79,6 @@ impl Etcd {
             attempt: Attempt::None,
             along: None,
         })
-    }
-
-    /// Read `key` in the same transactions that take the lease and confirm it ours, so that
-    /// its value as the lease became ours costs no request of its own ([`EtcdHeld::along`]).
-    pub fn read_along(&mut self, key: String) {
-        self.along = Some(key);
     }
 
     /// Take the lease `name`, queueing behind earlier holders when `block`. A waiter whose own
@@ -165,6 +169,8 @@ impl Etcd {
             queued,
             along: self.along.as_ref().map(|_| along),
             release_within: self.cfg.dial_timeout.min(Duration::from_secs(1)),
+            prefix: self.cfg.prefix.clone(),
+            record_lease: None,
         })
     }
 
@@ -194,13 +200,8 @@ impl EtcdHeld {
 
     /// The value the `along` key had as the lease became ours (none: it was not there); none
     /// when no key was asked for.
-    pub fn along(&self) -> Option<Option<&[u8]>> {
+    fn along(&self) -> Option<Option<&[u8]>> {
         self.along.as_ref().map(Option::as_deref)
-    }
-
-    /// The connection, for writes guarded by the lock key's create revision.
-    pub fn conn(&self) -> &Conn {
-        &self.conn
     }
 
     pub fn deadline(&self) -> BootInstant {
@@ -221,5 +222,90 @@ impl EtcdHeld {
     /// Revoke the lease at once, so the next waiter starts within milliseconds.
     pub async fn release(self) {
         self.session.revoke(&self.conn, self.release_within).await;
+    }
+}
+
+impl backend::Lessor for Etcd {
+    /// The record is read in the same transactions that take the lease and confirm it ours, so
+    /// that its value as the lease became ours costs no request of its own.
+    fn read_along(&mut self, name: &str, key: &str) {
+        self.along = Some(runs::record_key(&self.cfg.prefix, name, key));
+    }
+
+    fn acquire<'a>(
+        &'a mut self,
+        name: &'a str,
+        record: &'a [u8],
+        block: bool,
+    ) -> Boxed<'a, Result<Held, Error>> {
+        Box::pin(async move {
+            let held = Etcd::acquire(self, name, record, block).await?;
+            Ok(Held::new(
+                held.token(),
+                held.key().to_owned(),
+                Some(held.lease_id()),
+                Some(held.deadline()),
+                held.kill_after(),
+                Box::new(held),
+            ))
+        })
+    }
+
+    fn abandon(&mut self) -> Boxed<'_, ()> {
+        Box::pin(Etcd::abandon(self))
+    }
+}
+
+impl backend::Lease for EtcdHeld {
+    fn next_event(&mut self) -> Boxed<'_, LeaseEvent> {
+        Box::pin(async move {
+            let state = self.next_change().await;
+            match (state.lost, state.trouble) {
+                (Some(why), _) => LeaseEvent::Lost(why),
+                (None, Some(why)) => LeaseEvent::Trouble(why, state.deadline),
+                (None, None) => LeaseEvent::Renewed(state.deadline),
+            }
+        })
+    }
+
+    fn release(self: Box<Self>) -> Boxed<'static, ()> {
+        Box::pin(EtcdHeld::release(*self))
+    }
+
+    fn read_record<'a>(
+        &'a self,
+        name: &'a str,
+        key: &'a str,
+    ) -> Boxed<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            match self.along() {
+                Some(value) => runs::parse(&self.prefix, name, key, value),
+                None => runs::read(&self.conn, &self.prefix, name, key).await,
+            }
+        })
+    }
+
+    fn child_started(&mut self, keep: Duration) {
+        self.record_lease = Some(runs::RecordLease::ask(&self.conn, keep));
+    }
+
+    fn write_record<'a>(
+        &'a mut self,
+        record: &'a RunRecord,
+        keep: Duration,
+    ) -> Boxed<'a, Result<Written, Error>> {
+        Box::pin(async move {
+            let lease = self.record_lease.take().ok_or_else(|| {
+                Error::Internal("an etcd run record without a record lease".into())
+            })?;
+            let lock = (self.queued.key.as_str(), self.token());
+            runs::write(&self.conn, &self.prefix, lock, record, lease, keep).await
+        })
+    }
+
+    fn record_unused(&mut self) {
+        if let Some(lease) = self.record_lease.take() {
+            lease.drop_unused();
+        }
     }
 }

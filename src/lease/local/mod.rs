@@ -6,6 +6,12 @@
 //! no TTL to renew: only the lock file's identity is checked on the renewal schedule, and a
 //! deleted or replaced lock file means the lease is lost.
 
+mod held;
+pub mod runs;
+pub mod status;
+
+pub use held::{take_now, Lessor};
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -12,11 +12,11 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use super::file::{self, Replace};
-use super::record::unix_seconds;
-use super::{RunRecord, Unreadable, Written};
 use crate::error::Error;
 use crate::files::{self, Dir, RECORD_MAX};
+use crate::runs::file::{self, Replace};
+use crate::runs::record::unix_seconds;
+use crate::runs::{RunRecord, Unreadable, Written};
 
 /// Who reaches the records, and so how far they are trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

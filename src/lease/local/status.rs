@@ -1,4 +1,4 @@
-//! Status of local leases. A lease is held when a non-blocking shared `flock` on its lock file
+//! Status of local leases, and the local backend as `status` reads it ([`Reader`]). A lease is held when a non-blocking shared `flock` on its lock file
 //! fails; the holder record is the lock file's content and the token the counter in its token
 //! file. Waiters are the blocked flock requests that `/proc/locks` lists (marked `->`) under the
 //! holder's lock on the same inode. Opens files read-only and creates nothing.
@@ -10,10 +10,12 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use super::{Holder, LeaseStatus};
+use super::{lock_name, runs, token_name};
 use crate::error::Error;
 use crate::files::{self, Dir, RECORD_MAX};
-use crate::lease::local::{lock_name, token_name};
+use crate::lease::backend::{self, Boxed};
+use crate::runs::{RunRecord, Unreadable};
+use crate::status::{Holder, LeaseStatus};
 
 const BACKEND: &str = "local";
 
@@ -117,6 +119,47 @@ fn blocked_waiters(proc_locks: &str, dev: u64, ino: u64) -> Option<u64> {
         }
     }
     granted.then_some(blocked)
+}
+
+/// The state directory as `status` reads it.
+pub struct Reader<'a> {
+    dir: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(dir: &'a Path) -> Self {
+        Reader { dir }
+    }
+}
+
+impl backend::Reader for Reader<'_> {
+    fn label(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn leases<'a>(&'a self, name: Option<&'a str>) -> Boxed<'a, Result<Vec<LeaseStatus>, Error>> {
+        Box::pin(async move { leases(self.dir, name) })
+    }
+
+    fn runs<'a>(
+        &'a self,
+        name: &'a str,
+        _last: usize,
+    ) -> Boxed<'a, Result<Vec<Result<RunRecord, Unreadable>>, Error>> {
+        Box::pin(async move { Ok(runs::list(self.dir, name)) })
+    }
+
+    fn run<'a>(
+        &'a self,
+        name: &'a str,
+        key: &'a str,
+    ) -> Boxed<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move { runs::look(self.dir, name, key) })
+    }
+
+    fn names(&self) -> Boxed<'_, Result<Vec<String>, Error>> {
+        Box::pin(async move { Ok(runs::names(self.dir)) })
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Status of etcd leases, in the mutex layout of `lease::etcd`: the keys `PREFIX NAME/<lease id
+//! etcd as `status` reads it ([`Reader`]). Status of etcd leases, in the mutex layout of `lease::etcd`: the keys `PREFIX NAME/<lease id
 //! hex>`, the owner being the one with the lowest create revision. One range read gives every
 //! name at one revision; one `LeaseTimeToLive` per held lease gives the time left.
 
@@ -6,16 +6,24 @@ use std::collections::BTreeMap;
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 
-use super::{Holder, LeaseStatus};
 use crate::config::EtcdConfig;
 use crate::error::Error;
-use crate::lease::etcd::client::Conn;
+use crate::status::{Holder, LeaseStatus};
+use tokio::sync::OnceCell;
+
+use super::client::Conn;
+use super::runs;
+use crate::lease::backend::{self, Boxed};
+use crate::runs::{RunRecord, Unreadable};
 
 const BACKEND: &str = "etcd";
 
 /// The lease `name`, or every lease under the prefix by name.
-pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseStatus>, Error> {
-    let conn = Conn::dial(cfg).await?;
+async fn leases(
+    conn: &Conn,
+    cfg: &EtcdConfig,
+    name: Option<&str>,
+) -> Result<Vec<LeaseStatus>, Error> {
     let txn = Txn::new().and_then(lock_ranges(&cfg.prefix, name));
     let resp = conn
         .retrying(|mut c| {
@@ -41,7 +49,7 @@ pub async fn leases(cfg: &EtcdConfig, name: Option<&str>) -> Result<Vec<LeaseSta
     }
     let mut out = Vec::with_capacity(queues.len().max(1));
     for (n, (owner, keys)) in &queues {
-        out.push(held(&conn, n, owner, keys - 1).await?);
+        out.push(held(conn, n, owner, keys - 1).await?);
     }
     if let (Some(n), true) = (name, out.is_empty()) {
         out.push(LeaseStatus::free(n, BACKEND));
@@ -117,6 +125,55 @@ async fn held(
         key: Some(String::from_utf8_lossy(owner.key()).into_owned()),
         ..LeaseStatus::free(name, BACKEND)
     })
+}
+
+/// etcd as `status` reads it: one client for every read of a listing, dialled at the first.
+pub struct Reader<'a> {
+    cfg: &'a EtcdConfig,
+    conn: OnceCell<Conn>,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(cfg: &'a EtcdConfig) -> Self {
+        Reader {
+            cfg,
+            conn: OnceCell::new(),
+        }
+    }
+
+    async fn conn(&self) -> Result<&Conn, Error> {
+        self.conn.get_or_try_init(|| Conn::dial(self.cfg)).await
+    }
+}
+
+impl backend::Reader for Reader<'_> {
+    fn label(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn leases<'a>(&'a self, name: Option<&'a str>) -> Boxed<'a, Result<Vec<LeaseStatus>, Error>> {
+        Box::pin(async move { leases(self.conn().await?, self.cfg, name).await })
+    }
+
+    fn runs<'a>(
+        &'a self,
+        name: &'a str,
+        last: usize,
+    ) -> Boxed<'a, Result<Vec<Result<RunRecord, Unreadable>>, Error>> {
+        Box::pin(async move { runs::list(self.conn().await?, &self.cfg.prefix, name, last).await })
+    }
+
+    fn run<'a>(
+        &'a self,
+        name: &'a str,
+        key: &'a str,
+    ) -> Boxed<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move { runs::read(self.conn().await?, &self.cfg.prefix, name, key).await })
+    }
+
+    fn names(&self) -> Boxed<'_, Result<Vec<String>, Error>> {
+        Box::pin(async move { runs::names(self.conn().await?, &self.cfg.prefix).await })
+    }
 }
 
 #[cfg(test)]

@@ -16,9 +16,9 @@ use etcd_client::{
 };
 use tokio::task::JoinHandle;
 
-use super::{RunRecord, Unreadable, Written};
+use super::client::{guarded_txn, Conn, Guarded};
 use crate::error::Error;
-use crate::lease::etcd::client::{guarded_txn, Conn, Guarded};
+use crate::runs::{RunRecord, Unreadable, Written};
 
 /// Where the records of every name live.
 pub fn records_prefix(prefix: &str) -> String {

@@ -1,0 +1,588 @@
+//! ZooKeeper's deadline rule (docs/zookeeper.md §4), as pure functions of instants and answers,
+//! like the rest of `timing`: nothing here reads a clock, sleeps or does I/O.
+//!
+//! A follower touches a session in its own table and tells the leader only in its reply to the
+//! leader's next PING; a write it forwards is checked at the leader, never touched. So the send
+//! time of the latest successful write proves nothing about the leader's expiry clock. What does:
+//! on one connection, a request R answered by the member (it touched the session there), then a
+//! `sync` X sent at least Δ later, where Δ bounds the leader's PING spacing, then a successful
+//! multi Y with a check on the own lock node. The leader queued a PING between R's answer and X's
+//! send; the member wrote that PING's reply (listing the session) before it handled X's answer
+//! from the leader; the leader read that reply before Y, and Y found the session alive. So the
+//! leader's expiry is at least `t_send(R) + T`, and
+//!
+//! `D = t_send(Look) + T_min / (1 + drift) - margin`
+//!
+//! where T_min is the smallest session timeout negotiated in this session. Each renewal is that
+//! triple: [`Step::Look`] (a read of the own node), [`Step::Sync`] no sooner than Δ after the
+//! Look's answer, and [`Step::Check`]. Any error, timeout or disconnection between them starts
+//! the triple over; `D` never moves backwards and never moves on anything but a Check.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{stop_time, Effective, KeySeen, Params, Verdict};
+use crate::clock::BootInstant;
+use crate::lease::LossReason;
+
+/// One request of a renewal, in the order they are sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A read of the own lock node (`exists` or `getData`), answered by the member itself.
+    Look,
+    /// A `sync`, answered only after the leader's reply to it reached the member.
+    Sync,
+    /// A multi with one check op on the own lock node, which goes through the leader.
+    Check,
+}
+
+/// What the server said to a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Answered without error; for Look and Check, the own node is there and ours (its czxid).
+    Ok,
+    /// The own node is not there.
+    NodeGone,
+    /// A node is at the own path with another czxid: another holder's.
+    Replaced,
+    /// The session has expired (or was closed).
+    Expired,
+}
+
+/// What the renewer should do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZkNext {
+    /// Send this step now (take `t_send` first, then call [`ZkSchedule::sent`]).
+    Send(Step),
+    /// Nothing to send before this instant.
+    SleepUntil(BootInstant),
+    /// A step is in flight; if its answer has not come by this instant, call [`ZkSchedule::failed`].
+    AwaitUntil(BootInstant),
+    /// The stop time has come: the lease must be treated as lost.
+    Lost,
+}
+
+/// The timing in force for one negotiated session timeout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ZkTiming {
+    /// TTL is the negotiated session timeout; kill-after, margin and drift as on etcd.
+    pub effective: Effective,
+    /// Δ: on our clock, the longest the leader may take between two PINGs to a follower.
+    pub relay: Duration,
+}
+
+/// The rule `TTL/4 + Δ + kill_after + margin < TTL/(1+drift)` did not hold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DoesNotFit(ZkTiming);
+
+impl fmt::Display for DoesNotFit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (z, e) = (&self.0, &self.0.effective);
+        let left = z.renew_every() + z.relay + e.kill_after + e.margin;
+        write!(
+            f,
+            "timing does not fit: on ZooKeeper, TTL/4 ({}) + the leader's PING bound ({}) + kill-after ({}) + \
+             margin ({}) = {} must be less than TTL/(1+drift) ({} with a session timeout of {} and --drift {}); \
+             raise --ttl or lower --kill-after, --margin or --drift",
+            secs(z.renew_every()),
+            secs(z.relay),
+            secs(e.kill_after),
+            secs(e.margin),
+            secs(left),
+            secs(e.server_bound()),
+            secs(e.ttl),
+            e.drift
+        )
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+impl ZkTiming {
+    /// The values in force for the negotiated `timeout`, given the servers' tickTime when an
+    /// ensemble told it (`conf`). Without it, tickTime is taken as TTL/2: ZooKeeper's lower
+    /// bound on session timeouts is 2 × tickTime unless minSessionTimeout is set lower.
+    pub fn new(
+        params: &Params,
+        timeout: Duration,
+        tick: Option<Duration>,
+    ) -> Result<Self, DoesNotFit> {
+        let effective = params.effective_unchecked(timeout);
+        let tick = tick.unwrap_or(timeout / 2);
+        let pings = Duration::from_secs_f64((tick / 2).as_secs_f64() * (1.0 + params.drift));
+        let z = ZkTiming {
+            effective,
+            relay: pings + leader_slack(timeout),
+        };
+        let left = z.renew_every() + z.relay + effective.kill_after + effective.margin;
+        if left < effective.server_bound() {
+            Ok(z)
+        } else {
+            Err(DoesNotFit(z))
+        }
+    }
+
+    /// Time from one renewal's Look to the next one's.
+    pub fn renew_every(&self) -> Duration {
+        self.effective.ttl / 4
+    }
+
+    /// Retry period after a second failure in a row.
+    pub fn retry_every(&self) -> Duration {
+        self.effective.ttl / 10
+    }
+
+    /// `D` for a renewal whose Look was sent at `t_look`.
+    fn deadline(&self, t_look: BootInstant) -> BootInstant {
+        self.effective.deadline(t_look)
+    }
+}
+
+/// Room for the leader's own scheduling between PINGs: TTL/40, from 10 ms to 250 ms.
+fn leader_slack(timeout: Duration) -> Duration {
+    (timeout / 40).clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
+
+/// Where the renewal in progress is. Every phase but `Idle` carries the Look's send time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing in flight; the next Look is due at `next_send`.
+    Idle,
+    /// The Look is in flight.
+    Looking { t_look: BootInstant },
+    /// The Look was answered at `answered`; the Sync waits until Δ after that.
+    Relaying {
+        t_look: BootInstant,
+        answered: BootInstant,
+    },
+    /// The Sync is in flight.
+    Syncing { t_look: BootInstant },
+    /// The Sync was answered; the Check is to be sent.
+    Synced { t_look: BootInstant },
+    /// The Check is in flight.
+    Checking { t_look: BootInstant },
+}
+
+impl Phase {
+    const fn is_idle(&self) -> bool {
+        matches!(self, Phase::Idle)
+    }
+
+    /// The step whose answer this phase awaits.
+    const fn awaits(&self) -> Option<Step> {
+        match self {
+            Phase::Looking { .. } => Some(Step::Look),
+            Phase::Syncing { .. } => Some(Step::Sync),
+            Phase::Checking { .. } => Some(Step::Check),
+            _ => None,
+        }
+    }
+
+    const fn t_look(&self) -> Option<BootInstant> {
+        match *self {
+            Phase::Idle => None,
+            Phase::Looking { t_look }
+            | Phase::Relaying { t_look, .. }
+            | Phase::Syncing { t_look }
+            | Phase::Synced { t_look }
+            | Phase::Checking { t_look } => Some(t_look),
+        }
+    }
+}
+
+/// The renewal state of one ZooKeeper session.
+#[derive(Clone, Debug)]
+pub struct ZkSchedule {
+    /// The values in force for the timeout negotiated.
+    timing: ZkTiming,
+    /// `D`: SIGKILL time; the stop signal goes out `kill_after` before.
+    deadline: BootInstant,
+    /// When the next Look is due, if nothing is in flight.
+    next_send: BootInstant,
+    /// The renewal in progress.
+    phase: Phase,
+    /// Failures since the last good renewal, for the retry schedule.
+    failures: u32,
+}
+
+impl ZkSchedule {
+    /// The schedule of a session whose connect request was sent no earlier than `t_connect`
+    /// and answered with the negotiated `timeout`. A new session is created through the leader,
+    /// which starts its expiry clock after `t_connect`.
+    pub fn connected(
+        params: Params,
+        t_connect: BootInstant,
+        timeout: Duration,
+        tick: Option<Duration>,
+    ) -> Result<Self, DoesNotFit> {
+        let timing = ZkTiming::new(&params, timeout, tick)?;
+        Ok(Self {
+            timing,
+            deadline: timing.deadline(t_connect),
+            next_send: t_connect + timing.renew_every(),
+            phase: Phase::Idle,
+            failures: 0,
+        })
+    }
+
+    /// `D`, the instant by which the child must be dead.
+    pub fn deadline(&self) -> BootInstant {
+        self.deadline
+    }
+
+    /// When the stop signal goes to the child: `D - kill_after`.
+    pub fn stop_at(&self) -> BootInstant {
+        stop_time(self.deadline, self.timing.effective.kill_after)
+    }
+
+    /// The values in force.
+    pub fn timing(&self) -> &ZkTiming {
+        &self.timing
+    }
+
+    /// What to do at `now`.
+    pub fn next(&self, now: BootInstant) -> ZkNext {
+        if now >= self.stop_at() {
+            return ZkNext::Lost;
+        }
+        match self.phase {
+            Phase::Idle if now >= self.next_send => ZkNext::Send(Step::Look),
+            Phase::Idle => ZkNext::SleepUntil(self.next_send.min(self.stop_at())),
+            Phase::Relaying { answered, t_look } => {
+                let sync_at = answered + self.timing.relay;
+                if now >= sync_at {
+                    ZkNext::Send(Step::Sync)
+                } else {
+                    ZkNext::SleepUntil(sync_at.min(self.due(t_look)))
+                }
+            }
+            Phase::Synced { .. } => ZkNext::Send(Step::Check),
+            Phase::Looking { t_look } | Phase::Syncing { t_look } | Phase::Checking { t_look } => {
+                ZkNext::AwaitUntil(self.due(t_look))
+            }
+        }
+    }
+
+    /// A renewal not done by this instant has failed: Δ plus one renewal period after its Look
+    /// (room for three round trips), and never past the stop time.
+    fn due(&self, t_look: BootInstant) -> BootInstant {
+        (t_look + self.timing.relay + self.timing.renew_every()).min(self.stop_at())
+    }
+
+    /// `step` was written; `t_send` was read just before.
+    pub fn sent(&mut self, step: Step, t_send: BootInstant) {
+        self.phase = match (step, self.phase) {
+            (Step::Look, Phase::Idle) => Phase::Looking { t_look: t_send },
+            (Step::Sync, Phase::Relaying { t_look, answered })
+                if t_send >= answered + self.timing.relay =>
+            {
+                Phase::Syncing { t_look }
+            }
+            (Step::Check, Phase::Synced { t_look }) => Phase::Checking { t_look },
+            // Out of order: the chain is broken, so this renewal proves nothing.
+            _ => Phase::Idle,
+        };
+    }
+
+    /// The step in flight was answered at `now`.
+    pub fn answered(&mut self, now: BootInstant, answer: Answer) -> Verdict {
+        let (Some(step), Some(t_look)) = (self.phase.awaits(), self.phase.t_look()) else {
+            return Verdict::Ignored;
+        };
+        match answer {
+            Answer::Expired => return Verdict::Lost(LossReason::SessionExpired),
+            Answer::NodeGone => return Verdict::KeyLost(KeySeen::Gone),
+            Answer::Replaced => return Verdict::KeyLost(KeySeen::Replaced),
+            Answer::Ok => {}
+        }
+        if now >= self.stop_at() {
+            return Verdict::Lost(LossReason::NotRenewed);
+        }
+        if now >= self.due(t_look) {
+            self.failed(now);
+            return Verdict::Failed;
+        }
+        self.phase = match step {
+            Step::Look => Phase::Relaying {
+                t_look,
+                answered: now,
+            },
+            Step::Sync => Phase::Synced { t_look },
+            Step::Check => return self.renewed(t_look),
+        };
+        Verdict::ToConfirm
+    }
+
+    /// The Check of the renewal whose Look went out at `t_look` succeeded.
+    fn renewed(&mut self, t_look: BootInstant) -> Verdict {
+        self.deadline = self.deadline.max(self.timing.deadline(t_look));
+        self.next_send = t_look + self.timing.renew_every();
+        self.phase = Phase::Idle;
+        self.failures = 0;
+        Verdict::Extended(self.deadline)
+    }
+
+    /// The step in flight failed, is late, or the connection dropped (seen at `now`): `D` stays,
+    /// and a new renewal starts with a Look at once, then every TTL/10.
+    pub fn failed(&mut self, now: BootInstant) {
+        self.phase = Phase::Idle;
+        self.failures += 1;
+        self.next_send = match self.failures {
+            1 => now,
+            _ => now + self.timing.retry_every(),
+        };
+    }
+
+    /// A reconnect negotiated `timeout` (zero: the session is gone). A longer one only lengthens
+    /// what the leader allows, so the rule keeps counting with the shortest. A shorter one would
+    /// shorten the leader's expiry at the next touch (its update replaces, never extends), by an
+    /// amount no send time tells: the lease is lost.
+    pub fn renegotiated(&mut self, timeout: Duration) -> Result<(), LossReason> {
+        if timeout.is_zero() {
+            return Err(LossReason::SessionExpired);
+        }
+        if timeout < self.timing.effective.ttl {
+            return Err(LossReason::TimeoutShortened(timeout));
+        }
+        Ok(())
+    }
+
+    /// True while no renewal is in progress.
+    pub fn is_idle(&self) -> bool {
+        self.phase.is_idle()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> BootInstant {
+        BootInstant::from_since_boot(Duration::from_secs(1000) + Duration::from_millis(ms))
+    }
+
+    fn params() -> Params {
+        Params {
+            ttl: Duration::from_secs(4),
+            kill_after: None,
+            margin: None,
+            drift: 0.1,
+        }
+    }
+
+    /// A session negotiated at 4 s (`at(0)` the connect) on an ensemble whose tickTime is 200 ms:
+    /// Δ = 100 ms × 1.1 + 100 ms of leader slack = 210 ms.
+    fn session() -> ZkSchedule {
+        ZkSchedule::connected(params(), at(0), Duration::from_secs(4), Some(TICK)).unwrap()
+    }
+
+    const TICK: Duration = Duration::from_millis(200);
+
+    /// D of a renewal whose Look was sent at `ms`: 4 s / 1.1 - 400 ms of margin.
+    fn d(ms: u64) -> BootInstant {
+        at(ms) + Duration::from_nanos(3_636_363_636) - Duration::from_millis(400)
+    }
+
+    #[track_caller]
+    fn assert_near(a: BootInstant, b: BootInstant) {
+        let gap = a.until(b).max(b.until(a));
+        assert!(gap < Duration::from_micros(1), "{a:?} != {b:?}");
+    }
+
+    /// One whole renewal: Look sent at `look`, each answer `rtt` ms after its send, the Sync sent as
+    /// soon as the rule allows.
+    fn renew(s: &mut ZkSchedule, look: u64, rtt: u64) -> Verdict {
+        s.sent(Step::Look, at(look));
+        assert_eq!(s.answered(at(look + rtt), Answer::Ok), Verdict::ToConfirm);
+        let ZkNext::SleepUntil(sync_at) = s.next(at(look + rtt)) else {
+            panic!("the Sync waits for the leader's next PING")
+        };
+        assert_eq!(s.next(sync_at), ZkNext::Send(Step::Sync));
+        s.sent(Step::Sync, sync_at);
+        assert_eq!(
+            s.answered(sync_at + ms(rtt), Answer::Ok),
+            Verdict::ToConfirm
+        );
+        assert_eq!(s.next(sync_at + ms(rtt)), ZkNext::Send(Step::Check));
+        s.sent(Step::Check, sync_at + ms(rtt));
+        s.answered(sync_at + ms(2 * rtt), Answer::Ok)
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_first_deadline_counts_from_the_connect_request() {
+        let s = session();
+        assert_near(s.deadline(), d(0));
+        assert_eq!(s.next(at(10)), ZkNext::SleepUntil(at(1_000)));
+        assert_eq!(s.next(at(1_000)), ZkNext::Send(Step::Look));
+    }
+
+    #[test]
+    fn deadline_counts_from_the_look_not_from_the_successful_check() {
+        let mut s = session();
+        let Verdict::Extended(dl) = renew(&mut s, 1_000, 5) else {
+            panic!("a timely triple renews")
+        };
+        // The Check went out 220 ms after the Look; D counts from the Look.
+        assert_near(dl, d(1_000));
+        assert_eq!(s.next(at(1_300)), ZkNext::SleepUntil(at(2_000)));
+    }
+
+    #[test]
+    fn the_sync_waits_the_leaders_ping_bound_after_the_looks_answer() {
+        let mut s = session();
+        s.sent(Step::Look, at(1_000));
+        s.answered(at(1_030), Answer::Ok);
+        assert_eq!(s.timing().relay, ms(210));
+        assert_eq!(s.next(at(1_100)), ZkNext::SleepUntil(at(1_240)));
+        assert_eq!(s.next(at(1_240)), ZkNext::Send(Step::Sync));
+    }
+
+    #[test]
+    fn a_sync_sent_too_soon_breaks_the_chain_and_its_check_moves_nothing() {
+        let mut s = session();
+        s.sent(Step::Look, at(1_000));
+        s.answered(at(1_005), Answer::Ok);
+        s.sent(Step::Sync, at(1_100));
+        assert_eq!(s.answered(at(1_105), Answer::Ok), Verdict::Ignored);
+        s.sent(Step::Check, at(1_106));
+        assert_eq!(s.answered(at(1_110), Answer::Ok), Verdict::Ignored);
+        assert_near(s.deadline(), d(0));
+    }
+
+    #[test]
+    fn a_check_without_a_look_and_a_sync_before_it_moves_nothing() {
+        let mut s = session();
+        s.sent(Step::Check, at(1_000));
+        assert_eq!(s.answered(at(1_005), Answer::Ok), Verdict::Ignored);
+        assert_near(s.deadline(), d(0));
+    }
+
+    #[test]
+    fn a_failure_or_disconnection_between_steps_keeps_d_and_starts_over_with_a_look() {
+        let mut s = session();
+        s.sent(Step::Look, at(1_000));
+        s.answered(at(1_005), Answer::Ok);
+        s.sent(Step::Sync, at(1_215));
+        s.failed(at(1_300));
+        assert_near(s.deadline(), d(0));
+        assert_eq!(s.next(at(1_300)), ZkNext::Send(Step::Look));
+        s.sent(Step::Look, at(1_300));
+        s.failed(at(1_310));
+        // The second failure in a row waits TTL/10.
+        assert_eq!(s.next(at(1_310)), ZkNext::SleepUntil(at(1_710)));
+    }
+
+    #[test]
+    fn an_answer_after_the_renewals_due_time_is_a_failure() {
+        let mut s = session();
+        s.sent(Step::Look, at(1_000));
+        // Due Δ + TTL/4 after the Look.
+        assert_eq!(s.next(at(1_001)), ZkNext::AwaitUntil(at(2_210)));
+        assert_eq!(s.answered(at(2_210), Answer::Ok), Verdict::Failed);
+        assert_near(s.deadline(), d(0));
+    }
+
+    #[test]
+    fn an_answer_after_the_stop_time_loses_the_lease() {
+        let mut s = session();
+        let stop = s.stop_at();
+        s.sent(Step::Look, stop - ms(500));
+        assert_eq!(
+            s.answered(stop, Answer::Ok),
+            Verdict::Lost(LossReason::NotRenewed)
+        );
+        assert_eq!(s.next(stop), ZkNext::Lost);
+    }
+
+    #[test]
+    fn expiry_a_missing_node_and_another_holders_node_each_end_the_lease() {
+        let cases = [
+            (Answer::Expired, Verdict::Lost(LossReason::SessionExpired)),
+            (Answer::NodeGone, Verdict::KeyLost(KeySeen::Gone)),
+            (Answer::Replaced, Verdict::KeyLost(KeySeen::Replaced)),
+        ];
+        for (answer, verdict) in cases {
+            let mut s = session();
+            s.sent(Step::Look, at(1_000));
+            assert_eq!(s.answered(at(1_005), answer), verdict);
+        }
+    }
+
+    #[test]
+    fn an_answer_with_nothing_in_flight_is_ignored() {
+        let mut s = session();
+        assert_eq!(s.answered(at(500), Answer::Ok), Verdict::Ignored);
+        assert_eq!(s.answered(at(500), Answer::Expired), Verdict::Ignored);
+    }
+
+    #[test]
+    fn without_ticktime_the_ping_bound_is_a_quarter_of_the_timeout() {
+        let s = ZkSchedule::connected(params(), at(0), Duration::from_secs(4), None).unwrap();
+        // tickTime taken as TTL/2 = 2 s: PINGs every 1 s × 1.1, plus 100 ms of slack.
+        assert_eq!(s.timing().relay, ms(1_200));
+    }
+
+    #[test]
+    fn a_longer_timeout_on_reconnecting_changes_nothing_a_shorter_one_loses() {
+        let mut s = session();
+        assert_eq!(s.renegotiated(Duration::from_secs(6)), Ok(()));
+        assert_near(s.deadline(), d(0));
+        assert_eq!(
+            s.renegotiated(ms(3_000)),
+            Err(LossReason::TimeoutShortened(ms(3_000)))
+        );
+        assert_eq!(
+            s.renegotiated(Duration::ZERO),
+            Err(LossReason::SessionExpired)
+        );
+    }
+
+    #[test]
+    fn the_rule_holds_at_its_edge_and_fails_past_it() {
+        // TTL 10 s, drift 0: TTL/4 2.5 + Δ (1 s + 0.25) + kill-after + margin 1 < 10.
+        let p = |kill: u64| Params {
+            ttl: Duration::from_secs(10),
+            kill_after: Some(ms(kill)),
+            margin: Some(ms(1_000)),
+            drift: 0.0,
+        };
+        let tick = Some(Duration::from_secs(2));
+        assert!(ZkTiming::new(&p(5_249), Duration::from_secs(10), tick).is_ok());
+        let err = ZkTiming::new(&p(5_250), Duration::from_secs(10), tick).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("on ZooKeeper"), "{text}");
+        assert!(text.contains("raise --ttl"), "{text}");
+    }
+
+    #[test]
+    fn default_timing_fits_every_timeout_from_one_second_with_ticktime_unknown() {
+        let p = Params {
+            ttl: Duration::from_secs(1),
+            ..params()
+        };
+        for ms_ in (1_000..=60_000).step_by(250) {
+            let t = ms(ms_);
+            assert!(ZkTiming::new(&p, t, None).is_ok(), "timeout {t:?}");
+        }
+    }
+
+    #[test]
+    fn a_healthy_session_renews_every_quarter_and_never_comes_near_its_stop_time() {
+        let mut s = session();
+        let mut look = 1_000;
+        for _ in 0..100 {
+            assert_eq!(s.next(at(look)), ZkNext::Send(Step::Look));
+            assert!(matches!(renew(&mut s, look, 20), Verdict::Extended(_)));
+            // Until the next renewal ends (its Look + Δ + 3 round trips), the stop time is ahead.
+            let next_done = at(look + 1_000) + ms(210 + 60);
+            assert!(s.stop_at() > next_done + ms(1_000), "look {look}");
+            look += 1_000;
+        }
+    }
+}
