@@ -286,6 +286,10 @@ pub struct ConnArgs {
     #[arg(long, value_name = "URLS")]
     pub endpoints: Option<String>,
 
+    /// ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]
+    #[arg(long, value_name = "CONNECT")]
+    pub zookeeper: Option<String>,
+
     /// Key prefix; '' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]
     #[arg(long, value_name = "P")]
     pub prefix: Option<String>,
