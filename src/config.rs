@@ -433,6 +433,11 @@ fn zk_config(connect: &str, conn: &ConnArgs, env: Env) -> Result<ZkConfig, Error
         .map(|h| check_member(h.trim()).ok_or_else(|| bad(&format!("{h:?} is not host:port"))))
         .collect::<Result<Vec<_>, _>>()?;
     let conn = etcd_config("127.0.0.1:2379", conn, env)?;
+    if conn.ca.is_some() || conn.identity.is_some() {
+        return Err(Error::Usage(
+            "TLS to ZooKeeper is not supported yet: leave out --cacert, --cert and --key (and their variables) with --zookeeper".into(),
+        ));
+    }
     Ok(ZkConfig {
         connect: format!("{}{chroot}", members.join(",")),
         members,
@@ -742,6 +747,48 @@ mod tests {
             c.command,
             vec![OsString::from("/bin/sh"), "-c".into(), "echo hi".into()]
         );
+    }
+
+    #[test]
+    fn zookeeper_connect_strings_are_checked_and_exclude_endpoints() {
+        let zk = |args: &[&str], env: &[(&str, &str)]| match parse(args, env)?.backend {
+            Backend::Zk(z) => Ok(z),
+            other => Err(Error::Internal(format!("{other:?}"))),
+        };
+        let z = zk(&["--zookeeper", "a:2181, b:2182/jobs", "--", "true"], &[]).unwrap();
+        assert_eq!(z.connect, "a:2181,b:2182/jobs");
+        assert_eq!(z.members, ["a:2181", "b:2182"]);
+        let z = zk(
+            &["--", "true"],
+            &[("LEASEWRAP_ZOOKEEPER", "c:1"), ("ETCDCTL_ENDPOINTS", "e:1")],
+        );
+        assert_eq!(z.unwrap().connect, "c:1");
+        let etcd = parse(
+            &["--endpoints", "e:1", "--", "true"],
+            &[("LEASEWRAP_ZOOKEEPER", "c:1")],
+        );
+        assert!(matches!(etcd.unwrap().backend, Backend::Etcd(_)));
+        let usage = |args: &[&str], env: &[(&str, &str)]| match parse(args, env) {
+            Err(Error::Usage(why)) => why,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        let both = usage(
+            &["--zookeeper", "a:1", "--endpoints", "e:1", "--", "true"],
+            &[],
+        );
+        assert!(both.contains("exclude each other"), "{both}");
+        let both = usage(
+            &["--", "true"],
+            &[
+                ("LEASEWRAP_ZOOKEEPER", "a:1"),
+                ("LEASEWRAP_ENDPOINTS", "e:1"),
+            ],
+        );
+        assert!(both.contains("both set"), "{both}");
+        for bad in ["a", "a:0", "a:1/", "a:1/x/", ":1", "a:1,,b:2"] {
+            let why = usage(&["--zookeeper", bad, "--", "true"], &[]);
+            assert!(why.contains("bad --zookeeper"), "{bad}: {why}");
+        }
     }
 
     #[test]

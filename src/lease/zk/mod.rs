@@ -60,9 +60,21 @@ impl Zk {
         })
     }
 
+    /// Take the lease. Only the first session's failure to connect ends the attempt (69, 77);
+    /// once queued, a waiter rides out the ensemble's trouble (a leader election, a member cut
+    /// off) and queues again with a new session if its own was lost.
     async fn acquire(&mut self, name: &str, record: &[u8], block: bool) -> Result<ZkHeld, Error> {
+        let mut first = true;
         loop {
-            self.queue(name, record).await?;
+            match self.queue(name, record).await {
+                Ok(()) => first = false,
+                Err(e) if first || !transient(&e) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(error = %e, "queueing again failed; retrying");
+                    tokio::time::sleep(self.retry_every()).await;
+                    continue;
+                }
+            }
             if self.wait_turn(name, block).await? {
                 if let Some(held) = self.confirmed() {
                     return Ok(held);
@@ -71,6 +83,11 @@ impl Zk {
             tracing::warn!(name = %name, "own session or node lost while acquiring: queueing again");
             self.abandon().await;
         }
+    }
+
+    /// How long a waiter waits before it tries again after a failed request.
+    fn retry_every(&self) -> Duration {
+        self.params.ttl / 10
     }
 
     /// Open a session, check its negotiated timeout against the timing rules, create the own
@@ -97,10 +114,10 @@ impl Zk {
     }
 
     /// Wait for the own node's turn: true once it is first and confirmed through the leader,
-    /// false when the session or the node was lost on the way.
+    /// false when the session or the node was lost on the way. A failed request is tried
+    /// again (the keeper's loss ends the wait); only refused credentials and `-n` end it.
     async fn wait_turn(&mut self, name: &str, block: bool) -> Result<bool, Error> {
-        let cfg = &self.cfg;
-        let every = self.params.ttl / 4;
+        let (cfg, every, retry) = (&self.cfg, self.params.ttl / 4, self.params.ttl / 10);
         let Some(a) = self.attempt.as_mut() else {
             return Ok(false);
         };
@@ -109,18 +126,36 @@ impl Zk {
             if a.keeper.now().lost.is_some() {
                 return Ok(false);
             }
-            let predecessor = match lock::place(cfg, &a.zk, &a.own).await {
+            let step = match lock::place(cfg, &a.zk, &a.own).await {
                 Ok(Place::Gone) => return Ok(false),
-                Ok(Place::First) => return lock::confirm(cfg, &a.zk, &a.own).await,
+                Ok(Place::First) => match lock::confirm(cfg, &a.zk, &a.own).await {
+                    Ok(confirmed) => return Ok(confirmed),
+                    Err(e) => Err(e),
+                },
                 Ok(Place::Behind(_)) if !block => return Err(Error::Busy { name: name.into() }),
-                Ok(Place::Behind(p)) => p,
+                Ok(Place::Behind(p)) => Ok(p),
+                Err(e) => Err(e),
+            };
+            let predecessor = match step {
+                Ok(p) => p,
+                Err(e) if transient(&e) => {
+                    tracing::debug!(error = %e, "looking at the queue failed; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(retry) => {}
+                        _ = a.keeper.changed() => {}
+                    }
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             if !std::mem::replace(&mut logged, true) {
                 tracing::info!(name = %name, token_once_acquired = a.own.czxid, "waiting for the lease");
             }
             tokio::select! {
-                r = lock::wait_gone(cfg, &a.zk, &predecessor, every) => r?,
+                r = lock::wait_gone(cfg, &a.zk, &predecessor, every) => if let Err(e) = r {
+                    tracing::debug!(error = %e, "watching the node before ours failed; looking again");
+                    tokio::time::sleep(retry).await;
+                },
                 _ = a.keeper.changed() => {}
             }
         }
@@ -149,6 +184,12 @@ impl Zk {
             lock::delete(&self.cfg, &a.zk, &a.own.path, self.cfg.conn.dial_timeout).await;
         }
     }
+}
+
+/// A failure that a waiter waits out: the ensemble not answering, as against refused
+/// credentials or bad usage.
+fn transient(e: &Error) -> bool {
+    matches!(e, Error::Unavailable(_))
 }
 
 impl backend::Lessor for Zk {
