@@ -28,32 +28,56 @@ pub struct Session {
     pub timeout: Duration,
 }
 
-/// Open a session asking for `ttl` as its timeout, within the dial timeout.
-pub async fn connect(cfg: &ZkConfig, ttl: Duration) -> Result<Session, Error> {
+/// Open a session asking for `ttl` as its timeout, within the dial timeout. With `make_chroot`,
+/// the chroot of the connect string is made first when missing (as ZooKeeper's own tools need
+/// it made by hand); `status` makes nothing, and reads a missing chroot as empty.
+pub async fn connect(cfg: &ZkConfig, ttl: Duration, make_chroot: bool) -> Result<Session, Error> {
     let mut connector = zkc::Client::connector()
         .with_session_timeout(ttl)
         .with_connection_timeout(cfg.conn.dial_timeout);
     if let Some((user, password)) = &cfg.conn.auth {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
+    let (hosts, chroot) = split_chroot(&cfg.connect);
+    let at = if make_chroot {
+        hosts
+    } else {
+        cfg.connect.as_str()
+    };
     let t_connect = BootInstant::now();
-    let client =
-        match tokio::time::timeout(cfg.conn.dial_timeout, connector.connect(&cfg.connect)).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(failure(cfg, &e)),
-            Err(_) => {
-                return Err(Error::Unavailable(format!(
-                    "ZooKeeper at {}: no session within {:?} (--dial-timeout)",
-                    cfg.connect, cfg.conn.dial_timeout
-                )))
-            }
-        };
+    let client = match tokio::time::timeout(cfg.conn.dial_timeout, connector.connect(at)).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => return Err(failure(cfg, &e)),
+        Err(_) => {
+            return Err(Error::Unavailable(format!(
+                "ZooKeeper at {}: no session within {:?} (--dial-timeout)",
+                cfg.connect, cfg.conn.dial_timeout
+            )))
+        }
+    };
+    let client = match (make_chroot, chroot) {
+        (true, Some(chroot)) => {
+            ensure_path(cfg, &client, chroot).await?;
+            client
+                .chroot(chroot)
+                .map_err(|_| Error::Usage(format!("bad chroot {chroot:?} in --zookeeper")))?
+        }
+        _ => client,
+    };
     let timeout = client.session_timeout();
     Ok(Session {
         client,
         t_connect,
         timeout,
     })
+}
+
+/// The members and the chroot (none: `/`) of a connect string.
+fn split_chroot(connect: &str) -> (&str, Option<&str>) {
+    match connect.find('/') {
+        Some(i) => (&connect[..i], Some(&connect[i..])),
+        None => (connect, None),
+    }
 }
 
 /// What a failed request means for the exit status: refused credentials are 77, the rest 69.

@@ -28,7 +28,9 @@ impl backend::Fence for Fence<'_> {
         Box::pin(async move {
             reserved(put.key).map_err(Error::Usage)?;
             let cfg = self.cfg;
-            let zk = client::connect(cfg, Duration::from_secs(10)).await?.client;
+            let zk = client::connect(cfg, Duration::from_secs(10), false)
+                .await?
+                .client;
             let within = cfg.conn.dial_timeout;
             let stale = |seen: String| Error::StaleToken {
                 given: put.token,

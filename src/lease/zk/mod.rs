@@ -93,7 +93,7 @@ impl Zk {
     /// Open a session, check its negotiated timeout against the timing rules, create the own
     /// node and start keeping the lease.
     async fn queue(&mut self, name: &str, record: &[u8]) -> Result<(), Error> {
-        let session = client::connect(&self.cfg, self.params.ttl).await?;
+        let session = client::connect(&self.cfg, self.params.ttl, true).await?;
         let schedule =
             ZkSchedule::connected(self.params, session.t_connect, session.timeout, self.tick)
                 .map_err(|e| Error::Usage(e.to_string()))?;

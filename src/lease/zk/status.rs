@@ -38,7 +38,9 @@ impl<'a> Reader<'a> {
     async fn zk(&self) -> Result<&zkc::Client, Error> {
         self.zk
             .get_or_try_init(|| async {
-                Ok(client::connect(self.cfg, READER_TIMEOUT).await?.client)
+                Ok(client::connect(self.cfg, READER_TIMEOUT, false)
+                    .await?
+                    .client)
             })
             .await
     }
