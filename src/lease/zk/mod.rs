@@ -228,14 +228,7 @@ struct ZkHeld {
 
 impl backend::Lease for ZkHeld {
     fn next_event(&mut self) -> Boxed<'_, LeaseEvent> {
-        Box::pin(async move {
-            let state = self.keeper.changed().await;
-            match (state.lost, state.trouble) {
-                (Some(why), _) => LeaseEvent::Lost(why),
-                (None, Some(why)) => LeaseEvent::Trouble(why, state.deadline),
-                (None, None) => LeaseEvent::Renewed(state.deadline),
-            }
-        })
+        Box::pin(async move { self.keeper.changed().await.event() })
     }
 
     /// Delete the own node at once, so that the next waiter starts within milliseconds; the
