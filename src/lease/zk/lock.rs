@@ -123,10 +123,24 @@ pub enum Place {
 }
 
 /// The own node's place, from one listing of the parent (by the own member: maybe stale).
+/// Another node of the own random prefix is an earlier create of ours whose answer was lost and
+/// that a stale listing did not show: it is deleted, never waited for.
 pub async fn place(cfg: &ZkConfig, zk: &zkc::Client, own: &Own) -> Result<Place, Error> {
     let (parent, me) = own.path.rsplit_once('/').unwrap_or(("", &own.path));
     let children = bounded(cfg, cfg.conn.dial_timeout, zk.list_children(parent)).await?;
-    let queue = queue(children);
+    let prefix = me.split_once("-lock-").map_or(me, |(p, _)| p);
+    let (orphans, queue): (Vec<String>, Vec<String>) = queue(children)
+        .into_iter()
+        .partition(|c| c != me && c.starts_with(prefix));
+    for orphan in orphans {
+        delete(
+            cfg,
+            zk,
+            &format!("{parent}/{orphan}"),
+            cfg.conn.dial_timeout,
+        )
+        .await;
+    }
     let Some(at) = queue.iter().position(|c| c == me) else {
         return Ok(Place::Gone);
     };
