@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::etcd::{
-    assert_a_watchdog_between, assert_log_has_one_holder_at_a_time,
-    into_the_second_renewal_interval, keep_fault_until, last_beat_ns, ms, now_ns, read_ns,
-    stop_for_two_ttls_while_c_takes_over, watch_takeover, Stopped, TAKEOVER_BOUND, TTL, TTL_ARG,
+    assert_a_watchdog_between, assert_busy_and_ran_nothing, assert_log_has_one_holder_at_a_time,
+    contend_in_rounds, fault_through_proxy, hand_over, last_beat_ns, ms, now_ns, read_ns,
+    stop_for_two_ttls_while_c_takes_over, Stopped, TAKEOVER_BOUND, TTL, TTL_ARG,
 };
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::zookeeper::{self, Zk};
@@ -217,33 +217,12 @@ const ROUNDS: usize = 10;
 fn contenders_never_overlap_and_tokens_strictly_increase() {
     let zk = zookeeper::shared();
     let name = zookeeper::unique_name("f1");
-    let sb = Sandbox::new();
-    let log = sb.path("log");
-    let script = format!(
-        "echo start $LEASEWRAP_FENCING_TOKEN $(date +%s%N) >> {log}; \
-         echo end $LEASEWRAP_FENCING_TOKEN $(date +%s%N) >> {log}",
-        log = q(&log)
-    );
-    let connect = zk.connect();
-    let began = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..CONTENDERS {
-            s.spawn(|| {
-                for _ in 0..ROUNDS {
-                    let lw = Leasewrap::new().on_zookeeper(&connect).name(&name);
-                    let mut run = lw.cmd(&["sh", "-c", &script]).spawn();
-                    run.wait_timeout(Duration::from_secs(60));
-                    assert_exit(&run, 0);
-                }
-            });
-        }
-    });
-    let took = began.elapsed();
+    let lw = || Leasewrap::new().on_zookeeper(&zk.connect()).name(&name);
+    let (text, took) = contend_in_rounds(&lw, CONTENDERS, ROUNDS);
     eprintln!(
         "F1 ZooKeeper: {CONTENDERS} contenders x {ROUNDS} rounds took {took:.2?} ({:.1} ms per holder)",
         took.as_secs_f64() * 1e3 / (CONTENDERS * ROUNDS) as f64
     );
-    let text = fs::read_to_string(&log).expect("read log");
     assert_log_has_one_holder_at_a_time(&text, CONTENDERS * ROUNDS);
 }
 
@@ -257,8 +236,7 @@ fn no_wait_on_a_held_lease_exits_75_and_leaves_no_node() {
         .args(&["--name", &name, "-n"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
-    assert_exit(&out, 75);
-    assert!(!ran.exists(), "the command ran");
+    assert_busy_and_ran_nothing(&out, &ran, None);
     assert_only_the_holder_remains(zk, &name, h);
 }
 
@@ -272,18 +250,7 @@ fn bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_leaves_no_node() {
         .args(&["--name", &name, "-w", "500ms"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
-    assert_exit(&out, 75);
-    assert!(!ran.exists(), "the command ran");
-    assert!(
-        out.elapsed >= Duration::from_millis(500),
-        "gave up after {:?}",
-        out.elapsed
-    );
-    assert!(
-        out.elapsed < Duration::from_secs(3),
-        "gave up only after {:?}",
-        out.elapsed
-    );
+    assert_busy_and_ran_nothing(&out, &ran, Some(Duration::from_millis(500)));
     assert_only_the_holder_remains(zk, &name, h);
 }
 
@@ -303,31 +270,10 @@ fn sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_node() {
 #[test]
 fn next_waiter_starts_within_milliseconds_of_the_holder_s_exit() {
     let sb = Sandbox::new();
-    let (zk, name, mut a) = held(&sb, "handover");
-    let mut b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
+    let (zk, name, a) = held(&sb, "handover");
+    let b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
     wait_for_queue_len(zk.port(), &name, 2, STARTUP);
-    assert!(
-        !b.marks.started(),
-        "the waiter started while the lease was held"
-    );
-
-    a.release();
-    let a_end = read_ns(&a.marks.end);
-    let b_start = read_ns(&b.marks.start);
-    a.finish_with(0);
-    let gap = b_start - a_end;
-    eprintln!(
-        "handover ZooKeeper: {:.1} ms from the holder's child's last act to the next child's first",
-        ms(gap)
-    );
-    assert!(
-        gap > 0,
-        "the next child started before the holder's child ended"
-    );
-    assert!(gap < 1_000_000_000, "handover took {:.1} ms", ms(gap));
-    assert!(b.token() > a.token());
-    b.release();
-    b.finish_with(0);
+    hand_over(a, b, "ZooKeeper");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -460,18 +406,7 @@ fn client_link_fault(fault: Mode, label: &str) -> crate::etcd::Takeover {
     let mut c = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "c"), false);
     wait_for_queue_len(zk.port(), &name, 2, STARTUP);
 
-    into_the_second_renewal_interval(&a);
-    proxy.set_mode(fault);
-    let (fault_began, fault_ns) = (Instant::now(), now_ns());
-    let takeover = watch_takeover(&a, &c, fault_ns, TAKEOVER_BOUND);
-    assert!(
-        last_beat_ns(&a.marks.beat) < takeover.new_start_ns,
-        "the old child beat after the next child started"
-    );
-    keep_fault_until(fault_began + 2 * TTL);
-    proxy.heal();
-    a.wait(Duration::from_secs(5));
-    assert_exit(&a.run, 124);
+    let takeover = fault_through_proxy(&proxy, fault, &mut a, &c);
     assert_next_holder_undisturbed(zk, &name, &c);
     assert!(c.token() > a.token());
     c.release();

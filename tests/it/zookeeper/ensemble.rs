@@ -19,7 +19,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::Signal;
 
 use super::{zk_job, ZK_ARGS};
-use crate::etcd::{into_the_second_renewal_interval, last_beat_ns, ms, read_ns, TTL};
+use crate::etcd::{
+    assert_no_overlap, into_the_second_renewal_interval, last_beat_ns, ms, read_ns, TTL,
+};
 use crate::support::zookeeper::{self, Ensemble};
 use crate::support::*;
 
@@ -160,29 +162,13 @@ impl Scenario {
         }
     }
 
-    /// Panics, with both holders' stderr, if B's child has started while A's runs.
-    #[track_caller]
-    fn assert_no_overlap(&self, a_child: i32) {
-        // In this order: a start seen before a live pid means both ran at the same instant.
-        let started = self.b.marks.started();
-        if started && pid_alive(a_child) {
-            panic!(
-                "OVERLAP under {:?}: B's child started while A's (pid {a_child}) still runs\n\
-                 --- A's stderr ---\n{}\n--- B's stderr ---\n{}",
-                self.fault,
-                self.a.run.stderr(),
-                self.b.run.stderr()
-            );
-        }
-    }
-
     /// Keeps the fault on for 2 x the timeout, and until B's child started (bounded), checking
     /// for overlap on every poll.
     #[track_caller]
     fn through_the_fault(&self, a_child: i32) {
         let began = Instant::now();
         loop {
-            self.assert_no_overlap(a_child);
+            assert_no_overlap(&self.a, &self.b, a_child, &format!("{:?}", self.fault));
             if began.elapsed() >= 2 * TTL && self.b.marks.started() {
                 return;
             }
