@@ -48,6 +48,8 @@ struct Shared {
     conns: Mutex<Conns>,
     /// When the proxy read each DATA frame a client sent upstream.
     requests: Mutex<Vec<Instant>>,
+    /// How long a new connection waits for an upstream that refuses it.
+    patience: Duration,
 }
 
 struct Conns {
@@ -65,6 +67,13 @@ enum Direction {
 impl Proxy {
     /// Listens on a free 127.0.0.1 port, forwarding to `upstream`, in `Mode::Pass`.
     pub fn start(upstream: SocketAddr) -> Proxy {
+        Proxy::start_patient(upstream, Duration::ZERO)
+    }
+
+    /// Like `start`, but a connection accepted while `upstream` refuses is held for up to
+    /// `patience` while the proxy tries again (a ZooKeeper member's quorum port listens only
+    /// while it leads).
+    pub fn start_patient(upstream: SocketAddr, patience: Duration) -> Proxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("proxy cannot bind");
         let addr = listener
             .local_addr()
@@ -76,6 +85,7 @@ impl Proxy {
                 sockets: Vec::new(),
             }),
             requests: Mutex::new(Vec::new()),
+            patience,
         });
         let state = Arc::clone(&shared);
         let acceptor = thread::Builder::new()
@@ -179,11 +189,26 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
         }
         let Ok(client) = client else { continue };
         // Upstream down: dropping the client closes it, as a refused connection would.
-        let Ok(server) = TcpStream::connect(upstream) else {
+        let Ok(server) = connect_within(upstream, shared.patience) else {
             continue;
         };
         if shared.track(&client, &server) {
             connect_pumps(client, server, &shared);
+        }
+    }
+}
+
+/// Connects to `upstream`, trying again for up to `patience` while it refuses. The client is
+/// already accepted, so a refusal cannot be passed on as one: a ZooKeeper follower that connects
+/// to a new leader a moment before the leader listens would see its connection accepted and then
+/// closed, give up following and start a new election, where a refused connect is retried.
+fn connect_within(upstream: SocketAddr, patience: Duration) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match TcpStream::connect(upstream) {
+            Ok(server) => return Ok(server),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => thread::sleep(RECHECK),
         }
     }
 }

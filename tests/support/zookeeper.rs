@@ -65,6 +65,11 @@ const START_TRIES: u32 = 3;
 /// Bound on one four-letter-word exchange (a stopped member never answers).
 const FOUR_LETTER_BOUND: Duration = Duration::from_millis(1000);
 
+/// How long a member link holds a new connection while the member it leads to does not listen
+/// yet (a new leader opens its quorum port only once elected); under initLimit x tickTime, the
+/// time a follower has to sync.
+const LINK_PATIENCE: Duration = Duration::from_secs(3);
+
 /// The Debian packages the ZooKeeper tests need, for every message about a missing piece.
 pub const INSTALL_HINT: &str = "install the Debian packages zookeeper and default-jre-headless \
                                 (scripts/test.sh does)";
@@ -199,8 +204,8 @@ impl Link {
         Link {
             from,
             to: to.index,
-            quorum: Proxy::start(local(to.quorum)),
-            election: Proxy::start(local(to.election)),
+            quorum: Proxy::start_patient(local(to.quorum), LINK_PATIENCE),
+            election: Proxy::start_patient(local(to.election), LINK_PATIENCE),
         }
     }
 
