@@ -61,7 +61,8 @@ file of this user with one link holding one decimal token, and is never echoed (
         long_about = "Put KEY VALUE in etcd in one transaction that succeeds only while the lock key \
 (--lock-key, or LEASEWRAP_KEY) still has the fencing token (--token, or LEASEWRAP_FENCING_TOKEN) as its \
 create revision: a holder whose lease has ended, or that was replaced, writes nothing. fenced-put \
-needs etcd: it has no local form. Run by a child of leasewrap on etcd, it needs neither option nor \
+needs etcd or ZooKeeper: it has no local form. On ZooKeeper (--zookeeper) the lock key is the lock node's path, \
+the token its czxid, and KEY a node path outside /leasewrap, written in one multi that first checks the lock node. Run by a child of leasewrap on etcd, it needs neither option nor \
 --endpoints, since the child's environment has all three. KEY must lie outside leasewrap's own keys, else fenced-put refuses it with status 64: not under PREFIX/runs/ (the run records, which only leasewrap writes, under the lease of their own NAME), not under the lock key's own queue PREFIX NAME/, and with a non-empty prefix not under any PREFIX NAME/ (a key there takes part in that lock, and without a lease would hold it for ever). The guard proves only that the lock key had the token when the put was applied; which key a holder may write is up to etcd's permissions.",
         mut_arg("endpoints", |a| a.help(
             "etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]"
@@ -285,6 +286,10 @@ pub struct ConnArgs {
     /// etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]
     #[arg(long, value_name = "URLS")]
     pub endpoints: Option<String>,
+
+    /// ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]
+    #[arg(long, value_name = "CONNECT")]
+    pub zookeeper: Option<String>,
 
     /// Key prefix; '' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]
     #[arg(long, value_name = "P")]

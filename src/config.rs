@@ -55,6 +55,19 @@ pub enum Backend {
         dir: PathBuf,
     },
     Etcd(EtcdConfig),
+    /// ZooKeeper, reached with the same TLS and auth settings as etcd would be.
+    Zk(ZkConfig),
+}
+
+/// How to reach ZooKeeper.
+#[derive(Debug, Clone)]
+pub struct ZkConfig {
+    /// The connect string as ZooKeeper tools spell it: `host:port,host:port[/chroot]`.
+    pub connect: String,
+    /// Its members, `host:port` each, for the `conf` four-letter word.
+    pub members: Vec<String>,
+    /// TLS files, user and password, the bound on reaching it: as for etcd.
+    pub conn: EtcdConfig,
 }
 
 /// How to reach etcd.
@@ -351,8 +364,11 @@ const fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@' | ':' | '+' | '=')
 }
 
-/// The backend: etcd when endpoints are configured anywhere, the local one otherwise.
+/// The backend: ZooKeeper or etcd when configured anywhere, the local one otherwise.
 pub fn backend(conn: &ConnArgs, local_dir: Option<&Path>, env: Env) -> Result<Backend, Error> {
+    if let Some(connect) = zookeeper(conn, env)? {
+        return zk_config(&connect, conn, env).map(Backend::Zk);
+    }
     let endpoints = conn
         .endpoints
         .clone()
@@ -367,6 +383,77 @@ pub fn backend(conn: &ConnArgs, local_dir: Option<&Path>, env: Env) -> Result<Ba
             local(local_dir, env)
         }
     }
+}
+
+/// The ZooKeeper connect string, if one is configured: --zookeeper, or LEASEWRAP_ZOOKEEPER when
+/// no --endpoints is given. Both options on the command line is a usage error, and so is
+/// LEASEWRAP_ZOOKEEPER beside LEASEWRAP_ENDPOINTS.
+fn zookeeper(conn: &ConnArgs, env: Env) -> Result<Option<String>, Error> {
+    let set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
+    let both = |what: &str| {
+        Error::Usage(format!(
+            "{what}: one lease service at a time, etcd or ZooKeeper"
+        ))
+    };
+    if set(&conn.zookeeper) && set(&conn.endpoints) {
+        return Err(both("--zookeeper and --endpoints exclude each other"));
+    }
+    if set(&conn.zookeeper) {
+        return Ok(conn.zookeeper.clone());
+    }
+    let from_env = env("LEASEWRAP_ZOOKEEPER").filter(|v| !v.trim().is_empty());
+    if from_env.is_some() && set(&conn.endpoints) {
+        return Ok(None);
+    }
+    if from_env.is_some() && set(&env("LEASEWRAP_ENDPOINTS")) {
+        return Err(both(
+            "LEASEWRAP_ZOOKEEPER and LEASEWRAP_ENDPOINTS are both set",
+        ));
+    }
+    Ok(from_env)
+}
+
+/// A checked connect string `host:port,host:port[/chroot]` and the etcd-style settings.
+fn zk_config(connect: &str, conn: &ConnArgs, env: Env) -> Result<ZkConfig, Error> {
+    let bad = |why: &str| {
+        Error::Usage(format!(
+            "bad --zookeeper {connect:?}: {why}; write it like zk1:2181,zk2:2181/chroot"
+        ))
+    };
+    let connect = connect.trim();
+    let (hosts, chroot) = match connect.find('/') {
+        Some(i) => connect.split_at(i),
+        None => (connect, ""),
+    };
+    if chroot == "/" || chroot.ends_with('/') || chroot.contains("//") {
+        return Err(bad("the chroot is a path like /apps/jobs, not ending in /"));
+    }
+    let members = hosts
+        .split(',')
+        .map(|h| check_member(h.trim()).ok_or_else(|| bad(&format!("{h:?} is not host:port"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let conn = etcd_config("127.0.0.1:2379", conn, env)?;
+    if conn.ca.is_some() || conn.identity.is_some() {
+        return Err(Error::Usage(
+            "TLS to ZooKeeper is not supported yet: leave out --cacert, --cert and --key (and their variables) with --zookeeper".into(),
+        ));
+    }
+    Ok(ZkConfig {
+        connect: format!("{}{chroot}", members.join(",")),
+        members,
+        conn,
+    })
+}
+
+/// `host:port` of one member, as given.
+fn check_member(member: &str) -> Option<String> {
+    let (host, port) = member.rsplit_once(':')?;
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-.[]:_".contains(c));
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    (host_ok && port_ok).then(|| member.to_owned())
 }
 
 fn local(local_dir: Option<&Path>, env: Env) -> Result<Backend, Error> {
@@ -660,6 +747,48 @@ mod tests {
             c.command,
             vec![OsString::from("/bin/sh"), "-c".into(), "echo hi".into()]
         );
+    }
+
+    #[test]
+    fn zookeeper_connect_strings_are_checked_and_exclude_endpoints() {
+        let zk = |args: &[&str], env: &[(&str, &str)]| match parse(args, env)?.backend {
+            Backend::Zk(z) => Ok(z),
+            other => Err(Error::Internal(format!("{other:?}"))),
+        };
+        let z = zk(&["--zookeeper", "a:2181, b:2182/jobs", "--", "true"], &[]).unwrap();
+        assert_eq!(z.connect, "a:2181,b:2182/jobs");
+        assert_eq!(z.members, ["a:2181", "b:2182"]);
+        let z = zk(
+            &["--", "true"],
+            &[("LEASEWRAP_ZOOKEEPER", "c:1"), ("ETCDCTL_ENDPOINTS", "e:1")],
+        );
+        assert_eq!(z.unwrap().connect, "c:1");
+        let etcd = parse(
+            &["--endpoints", "e:1", "--", "true"],
+            &[("LEASEWRAP_ZOOKEEPER", "c:1")],
+        );
+        assert!(matches!(etcd.unwrap().backend, Backend::Etcd(_)));
+        let usage = |args: &[&str], env: &[(&str, &str)]| match parse(args, env) {
+            Err(Error::Usage(why)) => why,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        let both = usage(
+            &["--zookeeper", "a:1", "--endpoints", "e:1", "--", "true"],
+            &[],
+        );
+        assert!(both.contains("exclude each other"), "{both}");
+        let both = usage(
+            &["--", "true"],
+            &[
+                ("LEASEWRAP_ZOOKEEPER", "a:1"),
+                ("LEASEWRAP_ENDPOINTS", "e:1"),
+            ],
+        );
+        assert!(both.contains("both set"), "{both}");
+        for bad in ["a", "a:0", "a:1/", "a:1/x/", ":1", "a:1,,b:2"] {
+            let why = usage(&["--zookeeper", bad, "--", "true"], &[]);
+            assert!(why.contains("bad --zookeeper"), "{bad}: {why}");
+        }
     }
 
     #[test]

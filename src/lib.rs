@@ -18,6 +18,10 @@
 //! - `lease::etcd::runs`, `lease::etcd::status`, `lease::etcd::fence`: its records, status, puts.
 //! - `lease::local`: the flock backend; `lease::local::held`: its side of `lease::backend`.
 //! - `lease::local::runs`, `lease::local::status`: its run records, and `status` of its locks.
+//! - `lease::zk`: the ZooKeeper backend; `lease::zk::client`: dialling, bounds, 69/77, `conf`.
+//! - `lease::zk::lock`: the lock recipe (protected ephemeral sequential nodes, czxid token).
+//! - `lease::zk::session`: the keeper that renews `D` by `timing::zk`.
+//! - `lease::zk::runs`, `lease::zk::status`, `lease::zk::fence`: its records, status, puts.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
 //! - `supervise::oversight`: leasewrap's check that the watchdog is not stopped when it must act.

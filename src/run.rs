@@ -382,6 +382,14 @@ const LEASE_VARS: &[LeaseVar] = &[
         own: false,
         value: |cfg, _| etcd(cfg).map(|e| e.endpoints.join(",")),
     },
+    LeaseVar {
+        name: "LEASEWRAP_ZOOKEEPER",
+        own: false,
+        value: |cfg, _| match &cfg.backend {
+            Backend::Zk(z) => Some(z.connect.clone()),
+            _ => None,
+        },
+    },
     // What etcdctl reads, so that an etcdctl the child runs talks to the same cluster. TLS and
     // auth variables are not made up for it: a password never reaches the child.
     LeaseVar {

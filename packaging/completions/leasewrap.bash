@@ -35,7 +35,7 @@ _leasewrap() {
 
     case "${cmd}" in
         leasewrap)
-            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
+            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -121,6 +121,10 @@ _leasewrap() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --zookeeper)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -179,7 +183,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__fenced__subcmd__put)
-            opts="-q -v -h --token --lock-key --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --endpoints --help"
+            opts="-q -v -h --token --lock-key --zookeeper --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --endpoints --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -190,6 +194,10 @@ _leasewrap() {
                     return 0
                     ;;
                 --lock-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zookeeper)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -259,7 +267,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__status)
-            opts="-q -v -h --name --json --once --once-per --endpoints --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
+            opts="-q -v -h --name --json --once --once-per --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -278,6 +286,10 @@ _leasewrap() {
                     return 0
                     ;;
                 --endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zookeeper)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

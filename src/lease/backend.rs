@@ -1,7 +1,7 @@
 //! The one interface every backend implements, and the one place that picks the implementation
 //! for a configured [`Backend`]. The run loop, `status`, the run records and `fenced-put` go
-//! through these traits only; each backend's folder (`lease::local`, `lease::etcd`) holds its
-//! lock, its run records and its status reading behind them.
+//! through these traits only; each backend's folder (`lease::local`, `lease::etcd`, `lease::zk`) holds its
+//! lock, its run records and its status reading behind them; `lease::zk` likewise.
 //!
 //! The futures are boxed and not `Send`: leasewrap runs one current-thread runtime, and a trait
 //! object cannot name its futures' types otherwise.
@@ -124,6 +124,7 @@ pub async fn lessor(cfg: &Config) -> Result<Box<dyn Lessor>, Error> {
     Ok(match &cfg.backend {
         Backend::Local { dir } => Box::new(super::local::Lessor::new(dir, cfg)?),
         Backend::Etcd(e) => Box::new(super::etcd::Etcd::connect(e, cfg.params).await?),
+        Backend::Zk(z) => Box::new(super::zk::Zk::connect(z, cfg.params).await?),
     })
 }
 
@@ -149,6 +150,7 @@ pub fn reader(backend: &Backend) -> Box<dyn Reader + '_> {
     match backend {
         Backend::Local { dir } => Box::new(super::local::status::Reader::new(dir)),
         Backend::Etcd(e) => Box::new(super::etcd::status::Reader::new(e)),
+        Backend::Zk(z) => Box::new(super::zk::status::Reader::new(z)),
     }
 }
 
@@ -157,8 +159,9 @@ pub fn reader(backend: &Backend) -> Box<dyn Reader + '_> {
 pub fn fence(backend: &Backend) -> Result<Box<dyn Fence + '_>, Error> {
     match backend {
         Backend::Local { .. } => Err(Error::Usage(
-            "fenced-put needs etcd: give --endpoints or set LEASEWRAP_ENDPOINTS".into(),
+            "fenced-put needs etcd or ZooKeeper: give --endpoints or --zookeeper, or set LEASEWRAP_ENDPOINTS or LEASEWRAP_ZOOKEEPER".into(),
         )),
         Backend::Etcd(e) => Ok(Box::new(super::etcd::fence::Fence::new(e))),
+        Backend::Zk(z) => Ok(Box::new(super::zk::fence::Fence::new(z))),
     }
 }

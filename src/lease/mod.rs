@@ -6,6 +6,7 @@ pub mod backend;
 pub mod etcd;
 pub mod local;
 pub mod timing;
+pub mod zk;
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! Black-box tests of what an operator sees: `leasewrap status` on both backends (etcd 3.4 and
-//! 3.5), the sd_notify messages systemd receives, and log lines: quiet on success, JSON, the
+//! Black-box tests of what an operator sees: `leasewrap status` on every backend (etcd 3.4 and
+//! 3.5, ZooKeeper 3.8 under a chroot of the test's own), the sd_notify messages systemd receives, and log lines: quiet on success, JSON, the
 //! journal's entries, and errors that end a run.
 //!
 //! Holders are real leasewrap runs whose child waits for a release file; every wait polls an
@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::support::etcd::{self, Version};
+use crate::support::zookeeper;
 use crate::support::*;
 use serde_json::Value;
 
@@ -17,7 +18,12 @@ use serde_json::Value;
 #[derive(Clone)]
 enum Store {
     Local(PathBuf),
-    Etcd { endpoint: String, prefix: String },
+    Etcd {
+        endpoint: String,
+        prefix: String,
+    },
+    /// The shared ZooKeeper server, under a chroot no other test uses.
+    Zk(String),
 }
 
 impl Store {
@@ -26,6 +32,15 @@ impl Store {
             endpoint: etcd::shared(version).endpoint(),
             prefix: etcd::unique_prefix(test),
         }
+    }
+
+    fn zk(test: &str) -> Store {
+        let server = zookeeper::shared();
+        Store::Zk(format!(
+            "{}/{}",
+            server.connect(),
+            zookeeper::unique_name(test)
+        ))
     }
 
     /// A leasewrap run of `name` on this store.
@@ -38,6 +53,7 @@ impl Store {
         match self {
             Store::Local(dir) => lw.local_dir(dir),
             Store::Etcd { endpoint, prefix } => lw.on_etcd(endpoint, prefix),
+            Store::Zk(connect) => lw.on_zookeeper(connect),
         }
     }
 
@@ -139,6 +155,12 @@ fn assert_json_shows_the_holder(store: &Store, lease: &Value, holder: &Job, host
                 dir.join("nightly-report.lock").to_str().unwrap()
             );
         }
+        Store::Zk(_) => {
+            assert_eq!(lease["backend"], "zookeeper");
+            assert_eq!(lease["time_left_s"], Value::Null, "{lease}");
+            let key = lease["key"].as_str().expect("the lock node");
+            assert!(key.starts_with("/leasewrap/nightly-report/_c_"), "{lease}");
+        }
         Store::Etcd { .. } => {
             assert_eq!(lease["backend"], "etcd");
             let left = lease["time_left_s"].as_i64().expect("time left");
@@ -159,7 +181,7 @@ fn assert_text_shows_the_holder(store: &Store, name: &str, holder: &Job, host: &
     assert!(lines[0].split_whitespace().take(7).eq(header), "{text}");
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     let pid = holder.run.pid().to_string();
-    let left = if matches!(store, Store::Local(_)) {
+    let left = if matches!(store, Store::Local(_) | Store::Zk(_)) {
         "-"
     } else {
         row[3]
@@ -196,6 +218,12 @@ fn status_on_etcd_3_5_shows_holder_token_time_left_and_waiters_then_free() {
     status_shows_holder_token_and_waiters(&store, &sb);
 }
 
+#[test]
+fn status_on_zookeeper_shows_holder_token_and_waiters_then_free() {
+    let sb = Sandbox::new();
+    status_shows_holder_token_and_waiters(&Store::zk("status_held"), &sb);
+}
+
 /// A lease never taken is free (exit 1); with nothing anywhere the listing is empty (exit 0).
 fn status_of_a_lease_never_taken(store: &Store) {
     let free = store.status_json(&["never-taken"], 1);
@@ -222,6 +250,11 @@ fn status_of_a_free_etcd_lease_exits_1_on_3_4_and_3_5() {
     for version in Version::ALL {
         status_of_a_lease_never_taken(&Store::etcd(version, "status_free"));
     }
+}
+
+#[test]
+fn status_of_a_free_zookeeper_lease_exits_1_under_a_chroot_never_made() {
+    status_of_a_lease_never_taken(&Store::zk("status_free"));
 }
 
 #[test]

@@ -12,6 +12,10 @@ pub const READ: &[(&str, &str)] = &[
         "LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS",
         "etcd endpoints, comma separated (--endpoints). When none is set anywhere, the local backend is used.",
     ),
+    (
+        "LEASEWRAP_ZOOKEEPER",
+        "ZooKeeper instead of etcd: host:port,host:port[/chroot] (--zookeeper). An --endpoints on the command line wins over it; beside LEASEWRAP_ENDPOINTS it is bad usage (64).",
+    ),
     ("LEASEWRAP_PREFIX", "key prefix of the lock keys (--prefix); default leasewrap/."),
     ("LEASEWRAP_CACERT, ETCDCTL_CACERT", "CA bundle to verify etcd's certificate (--cacert)."),
     ("LEASEWRAP_CERT, ETCDCTL_CERT", "client certificate for TLS (--cert)."),
@@ -58,11 +62,11 @@ pub const GIVEN: &[(&str, &str)] = &[
     ("LEASEWRAP_NAME", "the lease name."),
     (
         "LEASEWRAP_KEY",
-        "the lock key (etcd) or the lock file (local).",
+        "the lock key (etcd), the lock node's path (ZooKeeper) or the lock file (local).",
     ),
     (
         "LEASEWRAP_LEASE_ID",
-        "the etcd lease id, in hex (etcd only).",
+        "the etcd lease id, or the ZooKeeper session id, in hex.",
     ),
     (
         "LEASEWRAP_ENDPOINTS, LEASEWRAP_PREFIX",
@@ -71,6 +75,10 @@ pub const GIVEN: &[(&str, &str)] = &[
     (
         "ETCDCTL_ENDPOINTS",
         "the same endpoints as LEASEWRAP_ENDPOINTS, so that an etcdctl COMMAND runs talks to the same cluster (etcd only). TLS and authentication variables are not made up for etcdctl (a password never reaches COMMAND): COMMAND inherits ETCDCTL_CACERT and the others only when leasewrap was given them.",
+    ),
+    (
+        "LEASEWRAP_ZOOKEEPER",
+        "the connect string, so that COMMAND can call leasewrap fenced-put (ZooKeeper only).",
     ),
     (
         "LEASEWRAP_LOCAL_DIR",

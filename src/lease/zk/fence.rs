@@ -1,0 +1,107 @@
+//! `fenced-put` on ZooKeeper: the lock node given must still have the token as its czxid, and
+//! the put is one multi whose first op checks that node, then sets the key's data (or creates
+//! the key, whose parent must exist). A lock node's path is never used twice (its name has a
+//! random part and a sequence), so a check of the path in the multi is a check of that very
+//! node. Nodes under `/leasewrap` are leasewrap's own (queues and run records), never written.
+
+use std::time::Duration;
+
+use super::client::{self, bounded};
+use super::runs::{self, Guarded};
+use crate::config::ZkConfig;
+use crate::error::Error;
+use crate::lease::backend::{self, Boxed, GuardedPut};
+
+/// ZooKeeper, for guarded puts.
+pub struct Fence<'a> {
+    cfg: &'a ZkConfig,
+}
+
+impl<'a> Fence<'a> {
+    pub fn new(cfg: &'a ZkConfig) -> Self {
+        Fence { cfg }
+    }
+}
+
+impl backend::Fence for Fence<'_> {
+    fn put<'a>(&'a self, put: &'a GuardedPut<'a>) -> Boxed<'a, Result<(), Error>> {
+        Box::pin(async move {
+            reserved(put.key).map_err(Error::Usage)?;
+            let cfg = self.cfg;
+            let zk = client::connect(cfg, Duration::from_secs(10), false)
+                .await?
+                .client;
+            let within = cfg.conn.dial_timeout;
+            let stale = |seen: String| Error::StaleToken {
+                given: put.token,
+                seen,
+            };
+            match bounded(cfg, within, zk.check_stat(put.lock_key)).await? {
+                None => return Err(stale(gone(put.lock_key))),
+                Some(s) if s.czxid as u64 != put.token => {
+                    return Err(stale(format!(
+                        "lock node {} has czxid {} (another holder)",
+                        put.lock_key, s.czxid
+                    )))
+                }
+                Some(_) => {}
+            }
+            let value = put.value.as_bytes();
+            let create = bounded(cfg, within, zk.check_stat(put.key))
+                .await?
+                .is_none();
+            for create in [create, !create] {
+                match runs::guarded(cfg, &zk, put.lock_key, put.key, value, create).await? {
+                    Guarded::Applied => return Ok(()),
+                    Guarded::LockGone => return Err(stale(gone(put.lock_key))),
+                    Guarded::Raced => {}
+                }
+            }
+            Err(Error::Usage(format!(
+                "{}: no such node to set, and its parent does not exist to create it in",
+                put.key
+            )))
+        })
+    }
+}
+
+fn gone(lock: &str) -> String {
+    format!("lock node {lock} does not exist (its session has ended)")
+}
+
+/// Why fenced-put must not write `key`, if it must not.
+fn reserved(key: &str) -> Result<(), String> {
+    if !key.starts_with('/') || key.len() < 2 {
+        return Err(format!(
+            "fenced-put on ZooKeeper writes a node path like /app/config, not {key:?}"
+        ));
+    }
+    let own = client::ROOT;
+    if key == own || key.starts_with(&format!("{own}/")) {
+        return Err(format!(
+            "fenced-put does not write {key:?}: nodes under {own} are leasewrap's lock queues and run records"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fenced_put_on_zookeeper_refuses_leasewraps_nodes_and_relative_keys() {
+        for refused in [
+            "/leasewrap",
+            "/leasewrap/job/x",
+            "/leasewrap/runs/job/k",
+            "app",
+            "/",
+        ] {
+            assert!(reserved(refused).is_err(), "{refused}");
+        }
+        for allowed in ["/app/config", "/leasewrap2", "/t"] {
+            assert_eq!(reserved(allowed), Ok(()), "{allowed}");
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The keeper of a ZooKeeper session's lease: a task that follows `timing::zk::ZkSchedule` one
+//! step at a time (Look, wait Δ, Sync, Check, all on the one connection) and publishes each new
+//! `D`, trouble and the loss, as etcd's keeper does, through a [`KeeperState`] channel.
+//!
+//! It starts as soon as the own node exists, so that a waiter's `D` is as fresh as a holder's
+//! when its turn comes. Any error, late answer or disconnection is a failure: `D` does not move
+//! and the triple starts over. The session state is watched too: Expired or a refused
+//! authentication lose the lease at once, whenever the client says so (never later than `D`).
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use zookeeper_client as zkc;
+
+use crate::clock::BootInstant;
+use crate::lease::etcd::KeeperState;
+use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
+use crate::lease::timing::{KeySeen, Verdict};
+use crate::lease::LossReason;
+
+/// The keeper task and the state it publishes.
+pub struct Keeper {
+    state: watch::Receiver<KeeperState>,
+    task: JoinHandle<()>,
+}
+
+impl Keeper {
+    /// Start renewing the lease of the session `zk`, whose own node is `path` with `czxid`.
+    pub fn start(zk: zkc::Client, path: String, czxid: i64, schedule: ZkSchedule) -> Self {
+        let (tx, state) = watch::channel(KeeperState {
+            deadline: schedule.deadline(),
+            stop_at: schedule.stop_at(),
+            lost: None,
+            trouble: None,
+        });
+        let task = tokio::spawn(run(zk, path, czxid, schedule, tx));
+        Keeper { state, task }
+    }
+
+    /// The state as last published.
+    pub fn now(&self) -> KeeperState {
+        self.state.borrow().clone()
+    }
+
+    /// The next change of the state. Cancel-safe.
+    pub async fn changed(&mut self) -> KeeperState {
+        if self.state.changed().await.is_err() {
+            // The task ended without a loss: it cannot, but the stop time still holds.
+            std::future::pending::<()>().await;
+        }
+        self.state.borrow_and_update().clone()
+    }
+
+    /// Stop renewing.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn run(
+    zk: zkc::Client,
+    path: String,
+    czxid: i64,
+    mut schedule: ZkSchedule,
+    tx: watch::Sender<KeeperState>,
+) {
+    let mut states = zk.state_watcher();
+    loop {
+        let now = BootInstant::now();
+        let step = match schedule.next(now) {
+            ZkNext::Lost => return lose(&tx, LossReason::NotRenewed),
+            ZkNext::Send(step) => step,
+            ZkNext::SleepUntil(t) | ZkNext::AwaitUntil(t) => {
+                tokio::select! {
+                    () = sleep_until(t) => {}
+                    state = states.changed() => if let Some(why) = session_lost(state) {
+                        return lose(&tx, why);
+                    },
+                }
+                continue;
+            }
+        };
+        schedule.sent(step, now);
+        let due = match schedule.next(now) {
+            ZkNext::AwaitUntil(t) => t,
+            _ => now,
+        };
+        let answer = tokio::time::timeout_at(instant(due), send(&zk, step, &path, czxid)).await;
+        let at = BootInstant::now();
+        let verdict = match answer {
+            Ok(Ok(answer)) => schedule.answered(at, answer),
+            Ok(Err(why)) => {
+                schedule.failed(at);
+                trouble(&tx, &format!("{step:?}: {why}"));
+                Verdict::Failed
+            }
+            Err(_) => {
+                schedule.failed(at);
+                trouble(&tx, &format!("{step:?}: no answer in time"));
+                Verdict::Failed
+            }
+        };
+        if publish(&tx, &schedule, verdict, &path) {
+            return;
+        }
+    }
+}
+
+/// Send one step and read what it says; an error that is not the session's end is a failure.
+async fn send(zk: &zkc::Client, step: Step, path: &str, czxid: i64) -> Result<Answer, String> {
+    let result = match step {
+        Step::Look => zk.check_stat(path).await.map(|stat| match stat {
+            Some(s) if s.czxid == czxid => Answer::Ok,
+            Some(_) => Answer::Replaced,
+            None => Answer::NodeGone,
+        }),
+        Step::Sync => zk.sync(path).await.map(|()| Answer::Ok),
+        Step::Check => {
+            let mut multi = zk.new_multi_writer();
+            multi
+                .add_check_version(path, -1)
+                .map_err(|e| e.to_string())?;
+            match multi.commit().await {
+                Ok(_) => Ok(Answer::Ok),
+                Err(zkc::MultiWriteError::OperationFailed {
+                    source: zkc::Error::NoNode,
+                    ..
+                }) => Ok(Answer::NodeGone),
+                Err(e) => Err(e.into()),
+            }
+        }
+    };
+    match result {
+        Ok(answer) => Ok(answer),
+        Err(zkc::Error::SessionExpired) => Ok(Answer::Expired),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Publish what `verdict` says; true when the lease is lost (the keeper ends).
+fn publish(
+    tx: &watch::Sender<KeeperState>,
+    schedule: &ZkSchedule,
+    verdict: Verdict,
+    path: &str,
+) -> bool {
+    match verdict {
+        Verdict::Extended(d) => {
+            tx.send_modify(|s| {
+                s.deadline = d;
+                s.stop_at = schedule.stop_at();
+                s.trouble = None;
+            });
+            false
+        }
+        Verdict::Lost(why) => {
+            lose(tx, why);
+            true
+        }
+        Verdict::KeyLost(KeySeen::Gone) => {
+            lose(tx, LossReason::KeyGone(path.to_owned()));
+            true
+        }
+        Verdict::KeyLost(KeySeen::Replaced) => {
+            lose(tx, LossReason::KeyReplaced(path.to_owned()));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Why the session state means the lease is gone, if it does.
+fn session_lost(state: zkc::SessionState) -> Option<LossReason> {
+    match state {
+        zkc::SessionState::Expired | zkc::SessionState::Closed => Some(LossReason::SessionExpired),
+        zkc::SessionState::AuthFailed => Some(LossReason::SessionExpired),
+        _ => None,
+    }
+}
+
+/// Record the loss; the first reason stays.
+fn lose(tx: &watch::Sender<KeeperState>, why: LossReason) {
+    tx.send_modify(|s| {
+        s.lost.get_or_insert(why);
+    });
+}
+
+/// Report the first failure of a run of them; the next renewal clears it.
+fn trouble(tx: &watch::Sender<KeeperState>, why: &str) {
+    tx.send_if_modified(|s| {
+        let first = s.trouble.is_none();
+        if first {
+            s.trouble = Some(why.to_owned());
+        }
+        first
+    });
+}
+
+/// The tokio instant of a CLOCK_BOOTTIME instant, measured from now.
+fn instant(t: BootInstant) -> tokio::time::Instant {
+    tokio::time::Instant::now() + BootInstant::now().until(t)
+}
+
+async fn sleep_until(t: BootInstant) {
+    tokio::time::sleep_until(instant(t)).await;
+}
