@@ -27,6 +27,11 @@ pub enum Mode {
     /// Connections stay open (new ones are accepted) but every byte, either way, is dropped, as in
     /// a network partition. Only a close still passes.
     Blackhole,
+    /// Bytes from the client are dropped, bytes from upstream pass: a one-way partition (a
+    /// ZooKeeper follower still hears its leader, which no longer hears it).
+    DropFromClient,
+    /// Bytes from upstream are dropped, bytes from the client pass: the other way round.
+    DropFromUpstream,
     /// Bytes from upstream reach the client this much later than they reached the proxy, in order;
     /// bytes from the client pass at once.
     DelayReplies(Duration),
@@ -167,6 +172,16 @@ impl Shared {
         }
     }
 
+    /// Whether bytes going `direction` are dropped now.
+    fn drops(&self, direction: Direction) -> bool {
+        match self.mode() {
+            Mode::Blackhole => true,
+            Mode::DropFromClient => direction == Direction::ToUpstream,
+            Mode::DropFromUpstream => direction == Direction::ToClient,
+            Mode::Pass | Mode::DelayReplies(_) => false,
+        }
+    }
+
     /// Registers both ends for shutdown on drop; false once the proxy is stopping.
     fn track(&self, client: &TcpStream, server: &TcpStream) -> bool {
         let mut conns = self.conns.lock().unwrap();
@@ -275,9 +290,9 @@ impl Pump {
         }
     }
 
-    /// Queues a chunk just read, unless the link is blackholed.
+    /// Queues a chunk just read, unless bytes going its way are dropped now.
     fn take(&mut self, chunk: &[u8]) {
-        if self.shared.mode() != Mode::Blackhole {
+        if !self.shared.drops(self.direction) {
             let now = Instant::now();
             if let Some(frames) = &mut self.frames {
                 let requests = frames.data_frames_in(chunk);
@@ -288,9 +303,9 @@ impl Pump {
         }
     }
 
-    /// Writes every queued chunk whose time has come; drops them all while blackholed.
+    /// Writes every queued chunk whose time has come; drops them all while its way is cut.
     fn deliver_due(&mut self) -> std::io::Result<()> {
-        if self.shared.mode() == Mode::Blackhole {
+        if self.shared.drops(self.direction) {
             self.queue.clear();
             return Ok(());
         }

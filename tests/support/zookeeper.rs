@@ -371,7 +371,24 @@ impl Ensemble {
         }
     }
 
-    /// Ends `isolate(i)`: its links' connections are closed and new ones pass.
+    /// Cuts member `i` off one way: every byte it sends to the other two is dropped from now on,
+    /// while theirs still reach it. A follower so cut keeps hearing its leader (proposals, commits,
+    /// pings) and serving what they tell it, while the leader hears nothing of it or of its
+    /// clients until it drops it after syncLimit ticks.
+    pub fn isolate_one_way(&self, i: usize) {
+        for link in self.links.iter().filter(|l| l.touches(i)) {
+            let mode = if link.from == i {
+                Mode::DropFromClient
+            } else {
+                Mode::DropFromUpstream
+            };
+            link.quorum.set_mode(mode);
+            link.election.set_mode(mode);
+        }
+    }
+
+    /// Ends `isolate(i)` or `isolate_one_way(i)`: its links' connections are closed and new ones
+    /// pass.
     pub fn heal(&self, i: usize) {
         for link in self.links.iter().filter(|l| l.touches(i)) {
             link.quorum.heal();

@@ -241,17 +241,29 @@ fn holder_on_a_stopped_leader_is_dead_before_a_holder_on_a_follower_starts() {
     no_overlap_under(Fault::StopLeader, "stopped_leader");
 }
 
-/// Holder H on the leader, waiter W pinned to a follower that is then cut off. H leaves; W's view
-/// is stale (it never learns of it) and its session expires at the leader; a third contender T
-/// on the other follower takes over. W must never start its child: not while cut off, and not
-/// once its follower rejoins.
+/// Holder H on the leader, waiter W pinned to a follower that is then cut off both ways. H
+/// leaves; W never learns of it, and its session expires at the leader; a third contender T on
+/// the other follower takes over. W must never start its child: not while cut off, and not once
+/// its follower rejoins.
 #[test]
 fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
+    stale_waiter_never_starts(Ensemble::isolate, "stale_waiter");
+}
+
+/// As above, but the follower is cut off one way only: it keeps hearing the leader, so W sees H's
+/// node go and its own turn come on the follower's view, while the leader hears neither W nor
+/// the follower, and expires W's session. W's turn is stale: it must not start its child on it.
+#[test]
+fn waiter_on_a_follower_its_leader_no_longer_hears_never_starts_on_the_turn_it_sees() {
+    stale_waiter_never_starts(Ensemble::isolate_one_way, "one_way_waiter");
+}
+
+fn stale_waiter_never_starts(cut: fn(&Ensemble, usize), label: &str) {
     let ensemble = Ensemble::start();
     let leader = ensemble.leader_index();
     let cut_off = ensemble.other_than(&[leader]);
     let third = ensemble.other_than(&[leader, cut_off]);
-    let name = zookeeper::unique_name("stale_waiter");
+    let name = zookeeper::unique_name(label);
     let sb = Sandbox::new();
     let h = Job::hold(zk_job(&ensemble.endpoint(leader), &name), &sb, "h");
     let w = zk_job(&ensemble.endpoint(cut_off), &name).args(&["-w", "120s"]);
@@ -259,7 +271,7 @@ fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
     super::wait_for_queue_len(ensemble.port(leader), &name, 2, STARTUP);
 
     let h_token = h.token();
-    ensemble.isolate(cut_off);
+    cut(&ensemble, cut_off);
     h.finish();
     let t = zk_job(&ensemble.endpoint(third), &name).args(&["-w", "120s"]);
     let mut t = Job::spawn(t, Marks::new(&sb, "t"), false);
@@ -285,6 +297,10 @@ fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
     assert!(t.token() > h_token);
     t.release();
     t.finish_with(0);
+    eprintln!(
+        "ZooKeeper {label}: W never started; T took over; W's log:\n{}",
+        w.run.stderr()
+    );
     drop(w);
 }
 
