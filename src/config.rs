@@ -66,6 +66,9 @@ pub struct ZkConfig {
     pub connect: String,
     /// Its members, `host:port` each, for the `conf` four-letter word.
     pub members: Vec<String>,
+    /// Where the lock parents `ROOT/NAME` and the records `ROOT/runs` are: `/` and the prefix
+    /// without its trailing `/` (`/leasewrap` by default; empty with `--prefix ''`).
+    pub root: String,
     /// TLS files, user and password, the bound on reaching it: as for etcd.
     pub conn: EtcdConfig,
 }
@@ -438,11 +441,30 @@ fn zk_config(connect: &str, conn: &ConnArgs, env: Env) -> Result<ZkConfig, Error
             "TLS to ZooKeeper is not supported yet: leave out --cacert, --cert and --key (and their variables) with --zookeeper".into(),
         ));
     }
+    let root = zk_root(&conn.prefix).ok_or_else(|| {
+        Error::Usage(format!(
+            "--prefix {:?} is not a ZooKeeper path: write it like leasewrap/ or apps/leasewrap/",
+            conn.prefix
+        ))
+    })?;
     Ok(ZkConfig {
         connect: format!("{}{chroot}", members.join(",")),
         members,
+        root,
         conn,
     })
+}
+
+/// The node path of a key prefix: `leasewrap/` is `/leasewrap`; none when a segment is empty,
+/// `.` or `..`, or holds a control character.
+fn zk_root(prefix: &str) -> Option<String> {
+    let path = prefix.trim_start_matches('/');
+    let path = path.strip_suffix('/').unwrap_or(path);
+    if path.is_empty() {
+        return Some(String::new());
+    }
+    let bad = |s: &str| s.is_empty() || s == "." || s == ".." || s.chars().any(char::is_control);
+    (!path.split('/').any(bad)).then(|| format!("/{path}"))
 }
 
 /// `host:port` of one member, as given.
@@ -758,6 +780,11 @@ mod tests {
         let z = zk(&["--zookeeper", "a:2181, b:2182/jobs", "--", "true"], &[]).unwrap();
         assert_eq!(z.connect, "a:2181,b:2182/jobs");
         assert_eq!(z.members, ["a:2181", "b:2182"]);
+        assert_eq!(z.root, "/leasewrap");
+        let root = |p: &str| zk(&["--zookeeper", "a:1", "--prefix", p, "--", "true"], &[]);
+        assert_eq!(root("").unwrap().root, "");
+        assert_eq!(root("apps/lw/").unwrap().root, "/apps/lw");
+        assert!(matches!(root("a//b"), Err(Error::Usage(_))));
         let z = zk(
             &["--", "true"],
             &[("LEASEWRAP_ZOOKEEPER", "c:1"), ("ETCDCTL_ENDPOINTS", "e:1")],

@@ -9,6 +9,7 @@
 //! - `clock`: CLOCK_BOOTTIME behind one small type.
 //! - `lease`: taking, keeping and giving back a lease on any backend; knows no processes.
 //! - `lease::backend`: the one interface of a backend (lease, records, status, fenced-put).
+//! - `lease::keeper`: what a keeper task publishes of its lease (`D`, trouble, loss).
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
 //! - `lease::timing::zk`: ZooKeeper's rule: a Look, a Sync after the leader's PING bound, a Check.
 //! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.

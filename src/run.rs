@@ -400,7 +400,11 @@ const LEASE_VARS: &[LeaseVar] = &[
     LeaseVar {
         name: "LEASEWRAP_PREFIX",
         own: false,
-        value: |cfg, _| etcd(cfg).map(|e| e.prefix.clone()),
+        value: |cfg, _| match &cfg.backend {
+            Backend::Etcd(e) => Some(e.prefix.clone()),
+            Backend::Zk(z) => Some(z.conn.prefix.clone()),
+            Backend::Local { .. } => None,
+        },
     },
     LeaseVar {
         name: "ETCD_LOCK_KEY",

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod etcd;
+pub mod keeper;
 pub mod local;
 pub mod timing;
 pub mod zk;

@@ -258,14 +258,7 @@ impl backend::Lessor for Etcd {
 
 impl backend::Lease for EtcdHeld {
     fn next_event(&mut self) -> Boxed<'_, LeaseEvent> {
-        Box::pin(async move {
-            let state = self.next_change().await;
-            match (state.lost, state.trouble) {
-                (Some(why), _) => LeaseEvent::Lost(why),
-                (None, Some(why)) => LeaseEvent::Trouble(why, state.deadline),
-                (None, None) => LeaseEvent::Renewed(state.deadline),
-            }
-        })
+        Box::pin(async move { self.next_change().await.event() })
     }
 
     fn release(self: Box<Self>) -> Boxed<'static, ()> {

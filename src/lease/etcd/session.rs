@@ -17,21 +17,10 @@ use tokio::task::JoinHandle;
 use super::client::{Conn, Members};
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::lease::keeper::trouble;
+pub use crate::lease::keeper::{lose, KeeperState};
 use crate::lease::timing::{GrantError, Kept, KeySeen, Next, Params, Read, Schedule, Verdict};
 use crate::lease::LossReason;
-
-/// What the keeper and the own-key watch know about the lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeeperState {
-    /// The current `D`.
-    pub deadline: BootInstant,
-    /// Stop time `D - kill_after`: past it the lease is as good as lost.
-    pub stop_at: BootInstant,
-    /// Why the lease is gone, once it is; never unset.
-    pub lost: Option<LossReason>,
-    /// Why renewals are failing, from the first failure until the next good reply.
-    pub trouble: Option<String>,
-}
 
 impl KeeperState {
     /// The state right after the grant.
@@ -171,24 +160,6 @@ pub async fn revoke(conn: &Conn, id: i64, within: Duration) {
     if let Err(e) = revoked {
         tracing::debug!(error = %e, "revoking the lease failed; it will expire by its TTL");
     }
-}
-
-/// Record the loss; the first reason stays.
-pub fn lose(tx: &watch::Sender<KeeperState>, why: LossReason) {
-    tx.send_modify(|s| {
-        s.lost.get_or_insert(why);
-    });
-}
-
-/// Report the first failure of a run of them; the next good reply clears it.
-fn trouble(tx: &watch::Sender<KeeperState>, why: &str) {
-    tx.send_if_modified(|s| {
-        let first = s.trouble.is_none();
-        if first {
-            s.trouble = Some(why.to_owned());
-        }
-        first
-    });
 }
 
 /// etcd takes whole seconds: round up, so the lease is never shorter than asked.

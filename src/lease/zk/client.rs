@@ -16,9 +16,6 @@ use crate::clock::BootInstant;
 use crate::config::ZkConfig;
 use crate::error::Error;
 
-/// The root under which every lease's node and every run record lives (under the chroot).
-pub const ROOT: &str = "/leasewrap";
-
 /// A connected session and when its connect request was sent.
 pub struct Session {
     pub client: zkc::Client,
@@ -107,9 +104,13 @@ pub async fn bounded<T>(
     }
 }
 
-/// Make the persistent node `path` and its parents if missing. Never a container node: a
-/// container is deleted once empty, and a lock's parent must never be recreated.
+/// Make the persistent node `path` and its parents if missing (one read when it is there).
+/// Never a container node: a container is deleted once empty, and a lock's parent must never
+/// be recreated.
 pub async fn ensure_path(cfg: &ZkConfig, client: &zkc::Client, path: &str) -> Result<(), Error> {
+    if path.is_empty() || exists(cfg, client, path).await? {
+        return Ok(());
+    }
     let acl = zkc::Acls::anyone_all();
     let persistent = zkc::CreateMode::Persistent.with_acls(acl);
     let mut at = String::new();
@@ -143,21 +144,27 @@ pub struct Conf {
     pub sync_limit: Option<u32>,
 }
 
-/// Ask the members in turn for `conf` (plain TCP, each bounded); none when no member answers it
-/// (it is not in ZooKeeper's default four-letter-word whitelist).
+/// Ask every member at once for `conf` (plain TCP, bounded); the first answer that has a
+/// tickTime, or none when no member gives one (`conf` is not in ZooKeeper's default
+/// four-letter-word whitelist).
 pub async fn conf(cfg: &ZkConfig) -> Option<Conf> {
     let within = cfg.conn.dial_timeout.min(Duration::from_secs(1));
-    for member in &cfg.members {
-        if let Ok(Some(text)) = tokio::time::timeout(within, four_letters(member, b"conf")).await {
-            if let Some(conf) = parse_conf(&text) {
-                tracing::info!(
-                    member = %member,
-                    tick_time_ms = conf.tick.as_millis() as u64,
-                    sync_limit = conf.sync_limit,
-                    "ZooKeeper's conf"
-                );
-                return Some(conf);
-            }
+    let mut asks = tokio::task::JoinSet::new();
+    for member in cfg.members.clone() {
+        asks.spawn(async move {
+            let text = tokio::time::timeout(within, four_letters(&member, b"conf")).await;
+            (member, text.ok().flatten().as_deref().and_then(parse_conf))
+        });
+    }
+    while let Some(Ok((member, conf))) = asks.join_next().await {
+        if let Some(conf) = conf {
+            tracing::info!(
+                member = %member,
+                tick_time_ms = conf.tick.as_millis() as u64,
+                sync_limit = conf.sync_limit,
+                "ZooKeeper's conf"
+            );
+            return Some(conf);
         }
     }
     None

@@ -26,7 +26,7 @@ impl<'a> Fence<'a> {
 impl backend::Fence for Fence<'_> {
     fn put<'a>(&'a self, put: &'a GuardedPut<'a>) -> Boxed<'a, Result<(), Error>> {
         Box::pin(async move {
-            reserved(put.key).map_err(Error::Usage)?;
+            reserved(put.key, &self.cfg.root).map_err(Error::Usage)?;
             let cfg = self.cfg;
             let zk = client::connect(cfg, Duration::from_secs(10), false)
                 .await?
@@ -69,17 +69,28 @@ fn gone(lock: &str) -> String {
     format!("lock node {lock} does not exist (its session has ended)")
 }
 
-/// Why fenced-put must not write `key`, if it must not.
-fn reserved(key: &str) -> Result<(), String> {
+/// Why fenced-put must not write `key`, if it must not: it is under the root (with `--prefix ''`,
+/// the lock parents `/NAME` and the records `/runs` are all over the tree: then only those).
+fn reserved(key: &str, root: &str) -> Result<(), String> {
     if !key.starts_with('/') || key.len() < 2 {
         return Err(format!(
             "fenced-put on ZooKeeper writes a node path like /app/config, not {key:?}"
         ));
     }
-    let own = client::ROOT;
-    if key == own || key.starts_with(&format!("{own}/")) {
+    let own = if root.is_empty() { "/runs" } else { root };
+    let under = |r: &str| key == r || key.starts_with(&format!("{r}/"));
+    let in_a_queue = root.is_empty()
+        && key[1..]
+            .split_once('/')
+            .is_some_and(|(name, _)| crate::config::check_name(name).is_ok());
+    if under(own) || in_a_queue {
+        let whose = if root.is_empty() {
+            "/runs or /NAME/"
+        } else {
+            root
+        };
         return Err(format!(
-            "fenced-put does not write {key:?}: nodes under {own} are leasewrap's lock queues and run records"
+            "fenced-put does not write {key:?}: it is under {whose}, leasewrap's lock queues and run records"
         ));
     }
     Ok(())
@@ -98,10 +109,14 @@ mod tests {
             "app",
             "/",
         ] {
-            assert!(reserved(refused).is_err(), "{refused}");
+            assert!(reserved(refused, "/leasewrap").is_err(), "{refused}");
         }
         for allowed in ["/app/config", "/leasewrap2", "/t"] {
-            assert_eq!(reserved(allowed), Ok(()), "{allowed}");
+            assert_eq!(reserved(allowed, "/leasewrap"), Ok(()), "{allowed}");
         }
+        // With --prefix '' a lock's queue is any /NAME/...
+        assert!(reserved("/job/x", "").is_err());
+        assert!(reserved("/runs/job/k", "").is_err());
+        assert_eq!(reserved("/config", ""), Ok(()));
     }
 }

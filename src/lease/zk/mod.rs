@@ -18,6 +18,7 @@ pub mod status;
 
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use zookeeper_client as zkc;
 
 use self::lock::{Own, Place};
@@ -35,7 +36,9 @@ use crate::runs::{RunRecord, Written};
 pub struct Zk {
     cfg: ZkConfig,
     params: Params,
-    /// tickTime, when the ensemble told it (`conf`).
+    /// The ensemble's answer to `conf`, asked while the first session is opened.
+    conf: Option<JoinHandle<Option<client::Conf>>>,
+    /// tickTime, when the ensemble told it.
     tick: Option<Duration>,
     /// The attempt in progress, to undo if it is abandoned.
     attempt: Option<Attempt>,
@@ -49,13 +52,16 @@ struct Attempt {
 }
 
 impl Zk {
-    /// Ask the ensemble for its tickTime; the session is opened by each attempt.
+    /// Ask the ensemble for its tickTime, in the background; the session is opened by each
+    /// attempt.
     pub async fn connect(cfg: &ZkConfig, params: Params) -> Result<Self, Error> {
-        let tick = client::conf(cfg).await.map(|c| c.tick);
+        let asking = cfg.clone();
+        let conf = tokio::spawn(async move { client::conf(&asking).await });
         Ok(Zk {
             cfg: cfg.clone(),
             params,
-            tick,
+            conf: Some(conf),
+            tick: None,
             attempt: None,
         })
     }
@@ -94,6 +100,9 @@ impl Zk {
     /// node and start keeping the lease.
     async fn queue(&mut self, name: &str, record: &[u8]) -> Result<(), Error> {
         let session = client::connect(&self.cfg, self.params.ttl, true).await?;
+        if let Some(conf) = self.conf.take() {
+            self.tick = conf.await.ok().flatten().map(|c| c.tick);
+        }
         let schedule =
             ZkSchedule::connected(self.params, session.t_connect, session.timeout, self.tick)
                 .map_err(|e| Error::Usage(e.to_string()))?;
@@ -116,18 +125,22 @@ impl Zk {
     /// Wait for the own node's turn: true once it is first and confirmed through the leader,
     /// false when the session or the node was lost on the way. A failed request is tried
     /// again (the keeper's loss ends the wait); only refused credentials and `-n` end it.
+    /// First at the first look needs no confirmation, as on etcd: the listing came after the
+    /// own create's answer on the same connection, so the member had applied everything up to
+    /// that create, which the leader had just accepted from a live session.
     async fn wait_turn(&mut self, name: &str, block: bool) -> Result<bool, Error> {
         let (cfg, every, retry) = (&self.cfg, self.params.ttl / 4, self.params.ttl / 10);
         let Some(a) = self.attempt.as_mut() else {
             return Ok(false);
         };
-        let mut logged = false;
+        let (mut logged, mut waited) = (false, false);
         loop {
             if a.keeper.now().lost.is_some() {
                 return Ok(false);
             }
             let step = match lock::place(cfg, &a.zk, &a.own).await {
                 Ok(Place::Gone) => return Ok(false),
+                Ok(Place::First) if !waited => return Ok(true),
                 Ok(Place::First) => match lock::confirm(cfg, &a.zk, &a.own).await {
                     Ok(confirmed) => return Ok(confirmed),
                     Err(e) => Err(e),
@@ -136,6 +149,7 @@ impl Zk {
                 Ok(Place::Behind(p)) => Ok(p),
                 Err(e) => Err(e),
             };
+            waited = true;
             let predecessor = match step {
                 Ok(p) => p,
                 Err(e) if transient(&e) => {
@@ -228,14 +242,7 @@ struct ZkHeld {
 
 impl backend::Lease for ZkHeld {
     fn next_event(&mut self) -> Boxed<'_, LeaseEvent> {
-        Box::pin(async move {
-            let state = self.keeper.changed().await;
-            match (state.lost, state.trouble) {
-                (Some(why), _) => LeaseEvent::Lost(why),
-                (None, Some(why)) => LeaseEvent::Trouble(why, state.deadline),
-                (None, None) => LeaseEvent::Renewed(state.deadline),
-            }
-        })
+        Box::pin(async move { self.keeper.changed().await.event() })
     }
 
     /// Delete the own node at once, so that the next waiter starts within milliseconds; the

@@ -1,10 +1,11 @@
-//! Run records on ZooKeeper: one persistent node per (name, KEY), `/leasewrap/runs/NAME/KEY`,
+//! Run records on ZooKeeper: one persistent node per (name, KEY), `ROOT/runs/NAME/KEY` (the root
+//! being the prefix's path, `/leasewrap` by default),
 //! holding the record's JSON. A record is written in one multi whose first op checks that the
 //! writer's own lock node still exists, so a stale holder (its session expired, its node gone)
 //! is refused. ZooKeeper deletes nothing by time here (TTL nodes need extendedTypesEnabled): a
 //! record whose keep_until has passed counts as gone, as on the local backend.
 //!
-//! `runs` is a valid lease name, and so its lock parent is `/leasewrap/runs` too: the queue
+//! `runs` is a valid lease name, and so its lock parent is `ROOT/runs` too: the queue
 //! counts only children named as lock nodes are (`_c_` + 32 hex digits + `-lock-` + sequence),
 //! which no record folder of a real lease name is.
 
@@ -18,18 +19,18 @@ use crate::error::Error;
 use crate::runs::{RunRecord, Unreadable, Written};
 
 /// The folder of every name's records.
-pub fn records_root() -> String {
-    format!("{}/runs", client::ROOT)
+fn records_root(cfg: &ZkConfig) -> String {
+    format!("{}/runs", cfg.root)
 }
 
 /// The folder of `name`'s records.
-fn folder(name: &str) -> String {
-    format!("{}/{name}", records_root())
+fn folder(cfg: &ZkConfig, name: &str) -> String {
+    format!("{}/{name}", records_root(cfg))
 }
 
 /// The node of the record of (`name`, `key`).
-pub fn record_path(name: &str, key: &str) -> String {
-    format!("{}/{key}", folder(name))
+fn record_path(cfg: &ZkConfig, name: &str, key: &str) -> String {
+    format!("{}/{key}", folder(cfg, name))
 }
 
 /// The record of (`name`, `key`), none before its first run or once its keep time has passed.
@@ -40,7 +41,7 @@ pub async fn read(
     name: &str,
     key: &str,
 ) -> Result<Option<RunRecord>, Error> {
-    let at = record_path(name, key);
+    let at = record_path(cfg, name, key);
     let data = match bounded(cfg, cfg.conn.dial_timeout, zk.get_data(&at)).await {
         Ok((data, _)) => data,
         Err(_) if !exists(cfg, zk, &at).await? => return Ok(None),
@@ -68,8 +69,8 @@ pub async fn write(
     lock: &str,
     record: &RunRecord,
 ) -> Result<Written, Error> {
-    let at = record_path(&record.name, &record.key);
-    client::ensure_path(cfg, zk, &folder(&record.name)).await?;
+    let at = record_path(cfg, &record.name, &record.key);
+    client::ensure_path(cfg, zk, &folder(cfg, &record.name)).await?;
     let data = record.to_json();
     let create = !exists(cfg, zk, &at).await?;
     match guarded(cfg, zk, lock, &at, &data, create).await? {
@@ -136,7 +137,7 @@ pub async fn list(
     zk: &zkc::Client,
     name: &str,
 ) -> Result<Vec<Result<RunRecord, Unreadable>>, Error> {
-    let keys = children(cfg, zk, &folder(name)).await?;
+    let keys = children(cfg, zk, &folder(cfg, name)).await?;
     let mut out = Vec::new();
     for key in keys {
         match read(cfg, zk, name, &key).await {
@@ -151,7 +152,7 @@ pub async fn list(
 
 /// The names that have records.
 pub async fn names(cfg: &ZkConfig, zk: &zkc::Client) -> Result<Vec<String>, Error> {
-    children(cfg, zk, &records_root()).await
+    children(cfg, zk, &records_root(cfg)).await
 }
 
 /// The children of `path`; none when it does not exist.

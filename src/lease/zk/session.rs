@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use zookeeper_client as zkc;
 
 use crate::clock::BootInstant;
-use crate::lease::etcd::KeeperState;
+use crate::lease::keeper::{lose, trouble, KeeperState};
 use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
 use crate::lease::timing::{KeySeen, Verdict};
 use crate::lease::LossReason;
@@ -181,24 +181,6 @@ fn session_lost(state: zkc::SessionState) -> Option<LossReason> {
         zkc::SessionState::AuthFailed => Some(LossReason::SessionExpired),
         _ => None,
     }
-}
-
-/// Record the loss; the first reason stays.
-fn lose(tx: &watch::Sender<KeeperState>, why: LossReason) {
-    tx.send_modify(|s| {
-        s.lost.get_or_insert(why);
-    });
-}
-
-/// Report the first failure of a run of them; the next renewal clears it.
-fn trouble(tx: &watch::Sender<KeeperState>, why: &str) {
-    tx.send_if_modified(|s| {
-        let first = s.trouble.is_none();
-        if first {
-            s.trouble = Some(why.to_owned());
-        }
-        first
-    });
 }
 
 /// The tokio instant of a CLOCK_BOOTTIME instant, measured from now.

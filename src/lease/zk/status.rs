@@ -49,7 +49,7 @@ impl<'a> Reader<'a> {
     /// read of its node is looked for again, a few times.
     async fn lease(&self, name: &str) -> Result<LeaseStatus, Error> {
         let zk = self.zk().await?;
-        let parent = lock::parent(name);
+        let parent = lock::parent(self.cfg, name);
         let mut last = None;
         for _ in 0..3 {
             let queue = lock::queue(runs::children(self.cfg, zk, &parent).await?);
@@ -63,6 +63,15 @@ impl<'a> Reader<'a> {
             }
         }
         Err(last.unwrap_or_else(|| Error::Internal("reading a lock node".into())))
+    }
+}
+
+/// Where the lock parents are: the root, or `/` with `--prefix ''`.
+fn root(cfg: &ZkConfig) -> &str {
+    if cfg.root.is_empty() {
+        "/"
+    } else {
+        &cfg.root
     }
 }
 
@@ -87,7 +96,7 @@ impl backend::Reader for Reader<'_> {
         Box::pin(async move {
             let names = match name {
                 Some(n) => vec![n.to_owned()],
-                None => runs::children(self.cfg, self.zk().await?, client::ROOT).await?,
+                None => runs::children(self.cfg, self.zk().await?, root(self.cfg)).await?,
             };
             let mut out = Vec::new();
             for n in names {

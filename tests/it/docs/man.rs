@@ -70,7 +70,7 @@ pub const GIVEN: &[(&str, &str)] = &[
     ),
     (
         "LEASEWRAP_ENDPOINTS, LEASEWRAP_PREFIX",
-        "where the lease lives, so that COMMAND can call leasewrap fenced-put (etcd only).",
+        "where the lease lives, so that COMMAND can call leasewrap fenced-put (LEASEWRAP_ENDPOINTS on etcd only, LEASEWRAP_PREFIX on ZooKeeper too).",
     ),
     (
         "ETCDCTL_ENDPOINTS",
