@@ -193,6 +193,11 @@ fn no_overlap_under(fault: Fault, label: &str) {
     let mut s = Scenario::start(fault, label);
     let a_child = s.a.child();
     into_the_second_renewal_interval(&s.a);
+    assert!(
+        pid_alive(a_child) && !s.b.marks.started(),
+        "{fault:?}: A's child ended before the fault began, so the scenario proves nothing\n{}",
+        s.a.run.stderr()
+    );
     s.fault_on();
     let fault_ns = crate::etcd::now_ns();
     s.through_the_fault(a_child);
