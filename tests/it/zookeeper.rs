@@ -3,9 +3,10 @@
 //!
 //! Tests share one standalone server (`zookeeper::shared`) and keep to their own lease name;
 //! those that pause, cut off or kill members start an `Ensemble` of their own
-//! (`zookeeper/ensemble.rs`). What the tests read of ZooKeeper itself (lock nodes, their czxid)
-//! comes from ZooKeeper's own CLI. Children report through files as in the etcd tests, and the
-//! expectations are the etcd tests' (exit codes, bounds, overlap 0 from heartbeats).
+//! (`zookeeper/ensemble.rs`). What the tests read of ZooKeeper itself comes from the server: the
+//! lock nodes from its `dump` four-letter word, a node's czxid and data from its own CLI.
+//! Children report through files as in the etcd tests, and the expectations are the etcd tests'
+//! (exit codes, bounds, overlap 0 from heartbeats), shared with them where the check is the same.
 
 use std::collections::HashMap;
 use std::fs;

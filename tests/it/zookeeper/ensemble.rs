@@ -1,7 +1,7 @@
 //! The ZooKeeper tests that need a 3-member ensemble of their own (docs/zookeeper.md §4, §6):
 //! a holder pinned to a follower cut off from the leader (the measured case of issue 17), to a
-//! stopped leader, a waiter pinned to a cut-off follower, a healthy ensemble for 30 s, and the
-//! randomized fault run.
+//! stopped leader, a waiter pinned to a follower cut off both ways or one way, a healthy ensemble
+//! for 30 s, and the randomized fault run.
 //!
 //! Each fault scenario runs holder A (its child beats every 20 ms) and waiter B on another
 //! member, puts the fault on half a session timeout into A's second renewal interval, and keeps
