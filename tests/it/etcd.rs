@@ -228,7 +228,7 @@ impl Takeover {
 /// Watches the old holder's child die and the new one start; panics the moment both run at once,
 /// or after `bound`, with both leasewraps' stderr.
 #[track_caller]
-pub(crate) fn watch_takeover(old: &Job, new: &Job, fault_ns: i128, bound: Duration) -> Takeover {
+fn watch_takeover(old: &Job, new: &Job, fault_ns: i128, bound: Duration) -> Takeover {
     match try_takeover(old.child(), &new.marks, bound) {
         Ok((old_dead_ns, new_start_ns)) => Takeover {
             fault_ns,
@@ -240,6 +240,22 @@ pub(crate) fn watch_takeover(old: &Job, new: &Job, fault_ns: i128, bound: Durati
             old.run.stderr(),
             new.run.stderr()
         ),
+    }
+}
+
+/// Panics, with both leasewraps' stderr, if `next`'s child has started while `old`'s child
+/// (pid `old_child`) still runs; `under` names the fault.
+#[track_caller]
+pub(crate) fn assert_no_overlap(old: &Job, next: &Job, old_child: i32, under: &str) {
+    // In this order: a start seen before a live pid means both ran at the same instant.
+    let started = next.marks.started();
+    if started && pid_alive(old_child) {
+        panic!(
+            "OVERLAP under {under}: B's child started while A's (pid {old_child}) still runs\n\
+             --- A's stderr ---\n{}\n--- B's stderr ---\n{}",
+            old.run.stderr(),
+            next.run.stderr()
+        );
     }
 }
 
@@ -290,7 +306,7 @@ pub(crate) fn into_the_second_renewal_interval(job: &Job) {
 }
 
 /// Keeps a fault on until `until`: the fault's duration is the scenario, not a wait for calm.
-pub(crate) fn keep_fault_until(until: Instant) {
+fn keep_fault_until(until: Instant) {
     thread::sleep(until.saturating_duration_since(Instant::now()));
 }
 
@@ -394,6 +410,24 @@ const ROUNDS: usize = 25;
 fn contenders_never_overlap_and_tokens_strictly_increase(v: Version) {
     let etcd = etcd::shared(v);
     let prefix = etcd::unique_prefix("f1");
+    let endpoint = etcd.endpoint();
+    let lw = || Leasewrap::new().on_etcd(&endpoint, &prefix).name("job");
+    let (text, took) = contend_in_rounds(&lw, CONTENDERS, ROUNDS);
+    eprintln!(
+        "F1 etcd {}: {CONTENDERS} contenders x {ROUNDS} rounds took {took:.2?} ({:.1} ms per holder)",
+        v.number(),
+        took.as_secs_f64() * 1e3 / (CONTENDERS * ROUNDS) as f64
+    );
+    assert_log_has_one_holder_at_a_time(&text, CONTENDERS * ROUNDS);
+}
+
+/// `contenders` threads each run `rounds` leasewraps from `lw`, one after another, each child
+/// appending `start TOKEN NS` and `end TOKEN NS` to one log; returns the log and the time taken.
+pub(crate) fn contend_in_rounds(
+    lw: &(dyn Fn() -> Leasewrap + Sync),
+    contenders: usize,
+    rounds: usize,
+) -> (String, Duration) {
     let sb = Sandbox::new();
     let log = sb.path("log");
     let script = format!(
@@ -401,14 +435,12 @@ fn contenders_never_overlap_and_tokens_strictly_increase(v: Version) {
          echo end $LEASEWRAP_FENCING_TOKEN $(date +%s%N) >> {log}",
         log = q(&log)
     );
-    let endpoint = etcd.endpoint();
     let began = Instant::now();
     thread::scope(|s| {
-        for _ in 0..CONTENDERS {
+        for _ in 0..contenders {
             s.spawn(|| {
-                for _ in 0..ROUNDS {
-                    let lw = Leasewrap::new().on_etcd(&endpoint, &prefix).name("job");
-                    let mut run = lw.cmd(&["sh", "-c", &script]).spawn();
+                for _ in 0..rounds {
+                    let mut run = lw().cmd(&["sh", "-c", &script]).spawn();
                     run.wait_timeout(Duration::from_secs(60));
                     assert_exit(&run, 0);
                 }
@@ -416,14 +448,7 @@ fn contenders_never_overlap_and_tokens_strictly_increase(v: Version) {
         }
     });
     let took = began.elapsed();
-    eprintln!(
-        "F1 etcd {}: {CONTENDERS} contenders x {ROUNDS} rounds took {took:.2?} ({:.1} ms per holder)",
-        v.number(),
-        took.as_secs_f64() * 1e3 / (CONTENDERS * ROUNDS) as f64
-    );
-
-    let text = fs::read_to_string(&log).expect("read log");
-    assert_log_has_one_holder_at_a_time(&text, CONTENDERS * ROUNDS);
+    (fs::read_to_string(&log).expect("read log"), took)
 }
 
 /// Each holder's start and end lines in `text` are a pair, one pair after another, each
@@ -475,23 +500,28 @@ fn next_waiter_starts_soon_after_the_holder_exits(v: Version) {
             .on_etcd(&etcd.endpoint(), &prefix)
             .name("job")
     };
-    let mut a = Job::spawn(lw(), Marks::new(&sb, "a"), false);
+    let a = Job::spawn(lw(), Marks::new(&sb, "a"), false);
     a.child();
-    let mut b = Job::spawn(lw(), Marks::new(&sb, "b"), false);
+    let b = Job::spawn(lw(), Marks::new(&sb, "b"), false);
     wait_for_key_count(etcd, &prefix, 2, STARTUP);
+    hand_over(a, b, &format!("etcd {}", v.number()));
+}
+
+/// Holder `a` lets its child end; queued `b`'s child must start after it, within a second, with
+/// a greater token. Prints the gap under `label`.
+#[track_caller]
+pub(crate) fn hand_over(mut a: Job, mut b: Job, label: &str) {
     assert!(
         !b.marks.started(),
         "the waiter started while the lease was held"
     );
-
     a.release();
     let a_end = read_ns(&a.marks.end);
     let b_start = read_ns(&b.marks.start);
     a.finish_with(0);
     let gap = b_start - a_end;
     eprintln!(
-        "handover etcd {}: {:.1} ms from the holder's child's last act to the next child's first",
-        v.number(),
+        "handover {label}: {:.1} ms from the holder's child's last act to the next child's first",
         ms(gap)
     );
     assert!(
@@ -599,23 +629,31 @@ fn holder_behind_proxy_dies_before_takeover(v: Version, fault: Mode, label: &str
     let mut c = Job::spawn(lw(&etcd.endpoint()), Marks::new(&sb, "c"), false);
     wait_for_key_count(etcd, &prefix, 2, STARTUP);
 
-    into_the_second_renewal_interval(&a);
+    let takeover = fault_through_proxy(&proxy, fault, &mut a, &c);
+    assert_next_holder_undisturbed(etcd, &prefix, &c);
+    assert!(c.token() > a.token());
+    c.release();
+    c.finish_with(0);
+    takeover
+}
+
+/// Half a TTL into A's second renewal interval, the proxy A talks through turns to `fault` for
+/// 2 x TTL; A's child must be dead before C's starts (every beat before it), and A exit 124.
+#[track_caller]
+pub(crate) fn fault_through_proxy(proxy: &Proxy, fault: Mode, a: &mut Job, c: &Job) -> Takeover {
+    into_the_second_renewal_interval(a);
     proxy.set_mode(fault);
     let (fault_began, fault_ns) = (Instant::now(), now_ns());
-    let takeover = watch_takeover(&a, &c, fault_ns, TAKEOVER_BOUND);
+    let takeover = watch_takeover(a, c, fault_ns, TAKEOVER_BOUND);
     assert!(
         last_beat_ns(&a.marks.beat) < takeover.new_start_ns,
         "the old child beat after the next child started"
     );
     keep_fault_until(fault_began + 2 * TTL);
-    proxy.set_mode(Mode::Pass);
-
+    // Closes what the fault left half-delivered, as a partition long enough for TCP to give up.
+    proxy.heal();
     a.wait(Duration::from_secs(5));
     assert_exit(&a.run, 124);
-    assert_next_holder_undisturbed(etcd, &prefix, &c);
-    assert!(c.token() > a.token());
-    c.release();
-    c.finish_with(0);
     takeover
 }
 
@@ -1416,8 +1454,7 @@ fn no_wait_on_a_held_lease_exits_75_and_leaves_no_key(v: Version) {
         .args(&["--name", "job", "-n"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
-    assert_exit(&out, 75);
-    assert!(!ran.exists(), "the command ran");
+    assert_busy_and_ran_nothing(&out, &ran, None);
     assert_only_the_holder_remains(etcd, &prefix, h);
 }
 
@@ -1430,19 +1467,21 @@ fn bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_leaves_no_key(v: Ver
         .args(&["--name", "job", "-w", "500ms"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
-    assert_exit(&out, 75);
-    assert!(!ran.exists(), "the command ran");
-    assert!(
-        out.elapsed >= Duration::from_millis(500),
-        "gave up after {:?}",
-        out.elapsed
-    );
-    assert!(
-        out.elapsed < Duration::from_secs(3),
-        "gave up only after {:?}",
-        out.elapsed
-    );
+    assert_busy_and_ran_nothing(&out, &ran, Some(Duration::from_millis(500)));
     assert_only_the_holder_remains(etcd, &prefix, h);
+}
+
+/// A run that found the lease held: exit 75, its command never ran (it would have created
+/// `ran`), and with `-w WAIT` it gave up after WAIT, not much later.
+#[track_caller]
+pub(crate) fn assert_busy_and_ran_nothing(out: &Output, ran: &Path, waited: Option<Duration>) {
+    assert_exit(out, 75);
+    assert!(!ran.exists(), "the command ran");
+    if let Some(wait) = waited {
+        assert!(out.elapsed >= wait, "gave up after {:?}", out.elapsed);
+        let late = wait + Duration::from_millis(2500);
+        assert!(out.elapsed < late, "gave up only after {:?}", out.elapsed);
+    }
 }
 
 fn sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_key(v: Version) {

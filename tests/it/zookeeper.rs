@@ -3,9 +3,10 @@
 //!
 //! Tests share one standalone server (`zookeeper::shared`) and keep to their own lease name;
 //! those that pause, cut off or kill members start an `Ensemble` of their own
-//! (`zookeeper/ensemble.rs`). What the tests read of ZooKeeper itself (lock nodes, their czxid)
-//! comes from ZooKeeper's own CLI. Children report through files as in the etcd tests, and the
-//! expectations are the etcd tests' (exit codes, bounds, overlap 0 from heartbeats).
+//! (`zookeeper/ensemble.rs`). What the tests read of ZooKeeper itself comes from the server: the
+//! lock nodes from its `dump` four-letter word, a node's czxid and data from its own CLI.
+//! Children report through files as in the etcd tests, and the expectations are the etcd tests'
+//! (exit codes, bounds, overlap 0 from heartbeats), shared with them where the check is the same.
 
 use std::collections::HashMap;
 use std::fs;
@@ -16,9 +17,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::etcd::{
-    assert_a_watchdog_between, assert_log_has_one_holder_at_a_time,
-    into_the_second_renewal_interval, keep_fault_until, last_beat_ns, ms, now_ns, read_ns,
-    stop_for_two_ttls_while_c_takes_over, watch_takeover, Stopped, TAKEOVER_BOUND, TTL, TTL_ARG,
+    assert_a_watchdog_between, assert_busy_and_ran_nothing, assert_log_has_one_holder_at_a_time,
+    contend_in_rounds, fault_through_proxy, hand_over, last_beat_ns, ms, now_ns, read_ns,
+    stop_for_two_ttls_while_c_takes_over, Stopped, TAKEOVER_BOUND, TTL, TTL_ARG,
 };
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::zookeeper::{self, Zk};
@@ -217,33 +218,12 @@ const ROUNDS: usize = 10;
 fn contenders_never_overlap_and_tokens_strictly_increase() {
     let zk = zookeeper::shared();
     let name = zookeeper::unique_name("f1");
-    let sb = Sandbox::new();
-    let log = sb.path("log");
-    let script = format!(
-        "echo start $LEASEWRAP_FENCING_TOKEN $(date +%s%N) >> {log}; \
-         echo end $LEASEWRAP_FENCING_TOKEN $(date +%s%N) >> {log}",
-        log = q(&log)
-    );
-    let connect = zk.connect();
-    let began = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..CONTENDERS {
-            s.spawn(|| {
-                for _ in 0..ROUNDS {
-                    let lw = Leasewrap::new().on_zookeeper(&connect).name(&name);
-                    let mut run = lw.cmd(&["sh", "-c", &script]).spawn();
-                    run.wait_timeout(Duration::from_secs(60));
-                    assert_exit(&run, 0);
-                }
-            });
-        }
-    });
-    let took = began.elapsed();
+    let lw = || Leasewrap::new().on_zookeeper(&zk.connect()).name(&name);
+    let (text, took) = contend_in_rounds(&lw, CONTENDERS, ROUNDS);
     eprintln!(
         "F1 ZooKeeper: {CONTENDERS} contenders x {ROUNDS} rounds took {took:.2?} ({:.1} ms per holder)",
         took.as_secs_f64() * 1e3 / (CONTENDERS * ROUNDS) as f64
     );
-    let text = fs::read_to_string(&log).expect("read log");
     assert_log_has_one_holder_at_a_time(&text, CONTENDERS * ROUNDS);
 }
 
@@ -257,8 +237,7 @@ fn no_wait_on_a_held_lease_exits_75_and_leaves_no_node() {
         .args(&["--name", &name, "-n"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
-    assert_exit(&out, 75);
-    assert!(!ran.exists(), "the command ran");
+    assert_busy_and_ran_nothing(&out, &ran, None);
     assert_only_the_holder_remains(zk, &name, h);
 }
 
@@ -272,18 +251,7 @@ fn bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_leaves_no_node() {
         .args(&["--name", &name, "-w", "500ms"])
         .cmd(&["touch", ran.to_str().unwrap()])
         .output();
-    assert_exit(&out, 75);
-    assert!(!ran.exists(), "the command ran");
-    assert!(
-        out.elapsed >= Duration::from_millis(500),
-        "gave up after {:?}",
-        out.elapsed
-    );
-    assert!(
-        out.elapsed < Duration::from_secs(3),
-        "gave up only after {:?}",
-        out.elapsed
-    );
+    assert_busy_and_ran_nothing(&out, &ran, Some(Duration::from_millis(500)));
     assert_only_the_holder_remains(zk, &name, h);
 }
 
@@ -303,31 +271,10 @@ fn sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_node() {
 #[test]
 fn next_waiter_starts_within_milliseconds_of_the_holder_s_exit() {
     let sb = Sandbox::new();
-    let (zk, name, mut a) = held(&sb, "handover");
-    let mut b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
+    let (zk, name, a) = held(&sb, "handover");
+    let b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
     wait_for_queue_len(zk.port(), &name, 2, STARTUP);
-    assert!(
-        !b.marks.started(),
-        "the waiter started while the lease was held"
-    );
-
-    a.release();
-    let a_end = read_ns(&a.marks.end);
-    let b_start = read_ns(&b.marks.start);
-    a.finish_with(0);
-    let gap = b_start - a_end;
-    eprintln!(
-        "handover ZooKeeper: {:.1} ms from the holder's child's last act to the next child's first",
-        ms(gap)
-    );
-    assert!(
-        gap > 0,
-        "the next child started before the holder's child ended"
-    );
-    assert!(gap < 1_000_000_000, "handover took {:.1} ms", ms(gap));
-    assert!(b.token() > a.token());
-    b.release();
-    b.finish_with(0);
+    hand_over(a, b, "ZooKeeper");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -342,6 +289,8 @@ fn sigkill_of_the_holder_kills_its_child_at_once_and_the_next_starts_after_the_s
     let sb = Sandbox::new();
     let (zk, name, mut a) = held(&sb, "sigkill");
     let a_child = a.child();
+    // Read now: the child may be killed before it wrote its environment.
+    let a_token = a.token();
     let mut b = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "b"), false);
     wait_for_queue_len(zk.port(), &name, 2, STARTUP);
 
@@ -367,7 +316,7 @@ fn sigkill_of_the_holder_kills_its_child_at_once_and_the_next_starts_after_the_s
         waited < ms(TAKEOVER_BOUND.as_nanos() as i128),
         "B started only after {waited:.0} ms"
     );
-    assert!(b.token() > a.token());
+    assert!(b.token() > a_token);
     b.release();
     b.finish_with(0);
 }
@@ -460,18 +409,7 @@ fn client_link_fault(fault: Mode, label: &str) -> crate::etcd::Takeover {
     let mut c = Job::spawn(zk_job(&zk.connect(), &name), Marks::new(&sb, "c"), false);
     wait_for_queue_len(zk.port(), &name, 2, STARTUP);
 
-    into_the_second_renewal_interval(&a);
-    proxy.set_mode(fault);
-    let (fault_began, fault_ns) = (Instant::now(), now_ns());
-    let takeover = watch_takeover(&a, &c, fault_ns, TAKEOVER_BOUND);
-    assert!(
-        last_beat_ns(&a.marks.beat) < takeover.new_start_ns,
-        "the old child beat after the next child started"
-    );
-    keep_fault_until(fault_began + 2 * TTL);
-    proxy.heal();
-    a.wait(Duration::from_secs(5));
-    assert_exit(&a.run, 124);
+    let takeover = fault_through_proxy(&proxy, fault, &mut a, &c);
     assert_next_holder_undisturbed(zk, &name, &c);
     assert!(c.token() > a.token());
     c.release();
@@ -488,15 +426,15 @@ fn deleting_the_lock_node_stops_the_child_and_exits_124() {
     let child = h.child();
     let nodes = queue(zk.port(), &name);
     let node = format!("{}/{}", lock_dir(&name), nodes[0]);
+    let deleting = Instant::now();
     zookeeper::cli_ok(&zk.connect(), &["delete", &node]);
-    let done = Instant::now();
     h.wait(Duration::from_secs(4));
     assert_exit(&h.run, 124);
     assert!(!pid_alive(child), "leasewrap exited but its child runs");
     assert!(!h.marks.end.exists(), "the child finished on its own");
     eprintln!(
-        "ZooKeeper lock node deleted: exit 124 after {:.2?}",
-        done.elapsed()
+        "ZooKeeper lock node deleted: exit 124 {:.2?} after the CLI was started to delete it",
+        deleting.elapsed()
     );
 }
 

@@ -27,6 +27,11 @@ pub enum Mode {
     /// Connections stay open (new ones are accepted) but every byte, either way, is dropped, as in
     /// a network partition. Only a close still passes.
     Blackhole,
+    /// Bytes from the client are dropped, bytes from upstream pass: a one-way partition (a
+    /// ZooKeeper follower still hears its leader, which no longer hears it).
+    DropFromClient,
+    /// Bytes from upstream are dropped, bytes from the client pass: the other way round.
+    DropFromUpstream,
     /// Bytes from upstream reach the client this much later than they reached the proxy, in order;
     /// bytes from the client pass at once.
     DelayReplies(Duration),
@@ -48,6 +53,8 @@ struct Shared {
     conns: Mutex<Conns>,
     /// When the proxy read each DATA frame a client sent upstream.
     requests: Mutex<Vec<Instant>>,
+    /// How long a new connection waits for an upstream that refuses it.
+    patience: Duration,
 }
 
 struct Conns {
@@ -65,6 +72,13 @@ enum Direction {
 impl Proxy {
     /// Listens on a free 127.0.0.1 port, forwarding to `upstream`, in `Mode::Pass`.
     pub fn start(upstream: SocketAddr) -> Proxy {
+        Proxy::start_patient(upstream, Duration::ZERO)
+    }
+
+    /// Like `start`, but a connection accepted while `upstream` refuses is held for up to
+    /// `patience` while the proxy tries again (a ZooKeeper member's quorum port listens only
+    /// while it leads).
+    pub fn start_patient(upstream: SocketAddr, patience: Duration) -> Proxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("proxy cannot bind");
         let addr = listener
             .local_addr()
@@ -76,6 +90,7 @@ impl Proxy {
                 sockets: Vec::new(),
             }),
             requests: Mutex::new(Vec::new()),
+            patience,
         });
         let state = Arc::clone(&shared);
         let acceptor = thread::Builder::new()
@@ -157,6 +172,16 @@ impl Shared {
         }
     }
 
+    /// Whether bytes going `direction` are dropped now.
+    fn drops(&self, direction: Direction) -> bool {
+        match self.mode() {
+            Mode::Blackhole => true,
+            Mode::DropFromClient => direction == Direction::ToUpstream,
+            Mode::DropFromUpstream => direction == Direction::ToClient,
+            Mode::Pass | Mode::DelayReplies(_) => false,
+        }
+    }
+
     /// Registers both ends for shutdown on drop; false once the proxy is stopping.
     fn track(&self, client: &TcpStream, server: &TcpStream) -> bool {
         let mut conns = self.conns.lock().unwrap();
@@ -179,11 +204,26 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
         }
         let Ok(client) = client else { continue };
         // Upstream down: dropping the client closes it, as a refused connection would.
-        let Ok(server) = TcpStream::connect(upstream) else {
+        let Ok(server) = connect_within(upstream, shared.patience) else {
             continue;
         };
         if shared.track(&client, &server) {
             connect_pumps(client, server, &shared);
+        }
+    }
+}
+
+/// Connects to `upstream`, trying again for up to `patience` while it refuses. The client is
+/// already accepted, so a refusal cannot be passed on as one: a ZooKeeper follower that connects
+/// to a new leader a moment before the leader listens would see its connection accepted and then
+/// closed, give up following and start a new election, where a refused connect is retried.
+fn connect_within(upstream: SocketAddr, patience: Duration) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match TcpStream::connect(upstream) {
+            Ok(server) => return Ok(server),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => thread::sleep(RECHECK),
         }
     }
 }
@@ -250,9 +290,9 @@ impl Pump {
         }
     }
 
-    /// Queues a chunk just read, unless the link is blackholed.
+    /// Queues a chunk just read, unless bytes going its way are dropped now.
     fn take(&mut self, chunk: &[u8]) {
-        if self.shared.mode() != Mode::Blackhole {
+        if !self.shared.drops(self.direction) {
             let now = Instant::now();
             if let Some(frames) = &mut self.frames {
                 let requests = frames.data_frames_in(chunk);
@@ -263,9 +303,9 @@ impl Pump {
         }
     }
 
-    /// Writes every queued chunk whose time has come; drops them all while blackholed.
+    /// Writes every queued chunk whose time has come; drops them all while its way is cut.
     fn deliver_due(&mut self) -> std::io::Result<()> {
-        if self.shared.mode() == Mode::Blackhole {
+        if self.shared.drops(self.direction) {
             self.queue.clear();
             return Ok(());
         }

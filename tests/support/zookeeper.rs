@@ -65,6 +65,11 @@ const START_TRIES: u32 = 3;
 /// Bound on one four-letter-word exchange (a stopped member never answers).
 const FOUR_LETTER_BOUND: Duration = Duration::from_millis(1000);
 
+/// How long a member link holds a new connection while the member it leads to does not listen
+/// yet (a new leader opens its quorum port only once elected); under initLimit x tickTime, the
+/// time a follower has to sync.
+const LINK_PATIENCE: Duration = Duration::from_secs(3);
+
 /// The Debian packages the ZooKeeper tests need, for every message about a missing piece.
 pub const INSTALL_HINT: &str = "install the Debian packages zookeeper and default-jre-headless \
                                 (scripts/test.sh does)";
@@ -199,8 +204,8 @@ impl Link {
         Link {
             from,
             to: to.index,
-            quorum: Proxy::start(local(to.quorum)),
-            election: Proxy::start(local(to.election)),
+            quorum: Proxy::start_patient(local(to.quorum), LINK_PATIENCE),
+            election: Proxy::start_patient(local(to.election), LINK_PATIENCE),
         }
     }
 
@@ -227,19 +232,18 @@ impl Ensemble {
         let java = checked_java(&JARS);
         let dir = scratch_dir();
         for attempt in 1..=START_TRIES {
-            let mut ensemble = Ensemble::configure(dir.path());
-            ensemble.members.iter_mut().for_each(|m| m.launch(&java));
-            match ensemble.wait_all_serving() {
+            let (mut members, links) = Ensemble::configure(dir.path());
+            members.iter_mut().for_each(|m| m.launch(&java));
+            match wait_all_serving(&mut members) {
                 Ok(()) => {
                     return Ensemble {
+                        members,
+                        links,
                         _dir: dir,
-                        ..ensemble
                     }
                 }
-                Err(_)
-                    if attempt < START_TRIES && ensemble.members.iter().any(|m| m.port_taken()) =>
-                {
-                    ensemble.members.iter_mut().for_each(Member::discard);
+                Err(_) if attempt < START_TRIES && members.iter().any(Member::port_taken) => {
+                    members.iter_mut().for_each(Member::discard);
                 }
                 Err(report) => panic!("{report}"),
             }
@@ -248,8 +252,8 @@ impl Ensemble {
     }
 
     /// Fresh ports, the proxies between them, and each member's zoo.cfg naming the others at
-    /// its own proxies (the returned value's `_dir` is a placeholder, replaced by the caller).
-    fn configure(dir: &Path) -> Ensemble {
+    /// its own proxies.
+    fn configure(dir: &Path) -> (Vec<Member>, Vec<Link>) {
         let mut members: Vec<Member> = (0..Ensemble::SIZE)
             .map(|i| Member::new(dir, i + 1))
             .collect();
@@ -272,19 +276,7 @@ impl Ensemble {
                 .collect();
             member.write_config(&servers);
         }
-        Ensemble {
-            members,
-            links,
-            _dir: tempfile::tempdir().expect("create a placeholder temp dir"),
-        }
-    }
-
-    /// Waits until every running member serves and one of them leads.
-    fn wait_all_serving(&mut self) -> Result<(), String> {
-        for member in self.members.iter_mut().filter(|m| m.child.is_some()) {
-            member.wait_serving().map_err(|why| member.report(&why))?;
-        }
-        Ok(())
+        (members, links)
     }
 
     /// All members' client addresses, comma-joined: a connect string for `--zookeeper`.
@@ -366,7 +358,24 @@ impl Ensemble {
         }
     }
 
-    /// Ends `isolate(i)`: its links' connections are closed and new ones pass.
+    /// Cuts member `i` off one way: every byte it sends to the other two is dropped from now on,
+    /// while theirs still reach it. A follower so cut keeps hearing its leader (proposals, commits,
+    /// pings) and serving what they tell it, while the leader hears nothing of it or of its
+    /// clients until it drops it after syncLimit ticks.
+    pub fn isolate_one_way(&self, i: usize) {
+        for link in self.links.iter().filter(|l| l.touches(i)) {
+            let mode = if link.from == i {
+                Mode::DropFromClient
+            } else {
+                Mode::DropFromUpstream
+            };
+            link.quorum.set_mode(mode);
+            link.election.set_mode(mode);
+        }
+    }
+
+    /// Ends `isolate(i)` or `isolate_one_way(i)`: its links' connections are closed and new ones
+    /// pass.
     pub fn heal(&self, i: usize) {
         for link in self.links.iter().filter(|l| l.touches(i)) {
             link.quorum.heal();
@@ -408,6 +417,25 @@ impl Ensemble {
     pub fn rss_kib(&self, i: usize) -> Option<(u64, u64)> {
         rss_kib(self.pid(i)?)
     }
+}
+
+impl Drop for Ensemble {
+    /// A failing test shows what the members logged last (their files go with the temp dir).
+    fn drop(&mut self) {
+        if thread::panicking() {
+            for member in &self.members {
+                eprintln!("{}", member.report("at the end of a failed test"));
+            }
+        }
+    }
+}
+
+/// Waits until every running member serves (a member serves once it follows or leads).
+fn wait_all_serving(members: &mut [Member]) -> Result<(), String> {
+    for member in members.iter_mut().filter(|m| m.child.is_some()) {
+        member.wait_serving().map_err(|why| member.report(&why))?;
+    }
+    Ok(())
 }
 
 /// VmRSS and VmHWM of `pid`, in KiB.

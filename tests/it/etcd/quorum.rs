@@ -130,17 +130,7 @@ impl Scenario {
     /// Panics, with both holders' stderr, if B's child has started while A's runs.
     #[track_caller]
     fn assert_no_overlap(&self, a_child: i32) {
-        // In this order: a start seen before a live pid means both ran at the same instant.
-        let started = self.b.marks.started();
-        if started && pid_alive(a_child) {
-            panic!(
-                "OVERLAP under {:?}: B's child started while A's (pid {a_child}) still runs\n\
-                 --- A's stderr ---\n{}\n--- B's stderr ---\n{}",
-                self.fault,
-                self.a.run.stderr(),
-                self.b.run.stderr()
-            );
-        }
+        assert_no_overlap(&self.a, &self.b, a_child, &format!("{:?}", self.fault));
     }
 
     /// Keeps the fault on for 2 x TTL, and longer while A's child is dead and B's not started

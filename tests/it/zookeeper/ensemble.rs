@@ -1,7 +1,7 @@
 //! The ZooKeeper tests that need a 3-member ensemble of their own (docs/zookeeper.md §4, §6):
 //! a holder pinned to a follower cut off from the leader (the measured case of issue 17), to a
-//! stopped leader, a waiter pinned to a cut-off follower, a healthy ensemble for 30 s, and the
-//! randomized fault run.
+//! stopped leader, a waiter pinned to a follower cut off both ways or one way, a healthy ensemble
+//! for 30 s, and the randomized fault run.
 //!
 //! Each fault scenario runs holder A (its child beats every 20 ms) and waiter B on another
 //! member, puts the fault on half a session timeout into A's second renewal interval, and keeps
@@ -19,7 +19,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::Signal;
 
 use super::{zk_job, ZK_ARGS};
-use crate::etcd::{into_the_second_renewal_interval, last_beat_ns, ms, read_ns, TTL};
+use crate::etcd::{
+    assert_no_overlap, into_the_second_renewal_interval, last_beat_ns, ms, read_ns, TTL,
+};
 use crate::support::zookeeper::{self, Ensemble};
 use crate::support::*;
 
@@ -160,29 +162,13 @@ impl Scenario {
         }
     }
 
-    /// Panics, with both holders' stderr, if B's child has started while A's runs.
-    #[track_caller]
-    fn assert_no_overlap(&self, a_child: i32) {
-        // In this order: a start seen before a live pid means both ran at the same instant.
-        let started = self.b.marks.started();
-        if started && pid_alive(a_child) {
-            panic!(
-                "OVERLAP under {:?}: B's child started while A's (pid {a_child}) still runs\n\
-                 --- A's stderr ---\n{}\n--- B's stderr ---\n{}",
-                self.fault,
-                self.a.run.stderr(),
-                self.b.run.stderr()
-            );
-        }
-    }
-
     /// Keeps the fault on for 2 x the timeout, and until B's child started (bounded), checking
     /// for overlap on every poll.
     #[track_caller]
     fn through_the_fault(&self, a_child: i32) {
         let began = Instant::now();
         loop {
-            self.assert_no_overlap(a_child);
+            assert_no_overlap(&self.a, &self.b, a_child, &format!("{:?}", self.fault));
             if began.elapsed() >= 2 * TTL && self.b.marks.started() {
                 return;
             }
@@ -207,6 +193,11 @@ fn no_overlap_under(fault: Fault, label: &str) {
     let mut s = Scenario::start(fault, label);
     let a_child = s.a.child();
     into_the_second_renewal_interval(&s.a);
+    assert!(
+        pid_alive(a_child) && !s.b.marks.started(),
+        "{fault:?}: A's child ended before the fault began, so the scenario proves nothing\n{}",
+        s.a.run.stderr()
+    );
     s.fault_on();
     let fault_ns = crate::etcd::now_ns();
     s.through_the_fault(a_child);
@@ -228,11 +219,14 @@ fn no_overlap_under(fault: Fault, label: &str) {
     assert!(!pid_alive(a_child), "A's child outlived A");
     assert!(s.b.token() > s.a.token(), "B's token is greater than A's");
     s.b.release();
+    // 124 too: what is proven here is A's side; B's renewals on a loaded box are the healthy
+    // ensemble test's business (B's exit is reported).
     let b_exit = s.b.wait(STARTUP).code();
-    assert_eq!(b_exit, Some(0), "B exited {b_exit:?}{}", s.b.run.stderr());
+    let ok = matches!(b_exit, Some(0 | 124));
+    assert!(ok, "B exited {b_exit:?}{}", s.b.run.stderr());
     eprintln!(
         "ZooKeeper {fault:?}: A's last beat {:.0} ms, B's start {:.0} ms after the fault began: \
-         gap {:.0} ms (session timeout {TTL:?}); scenario took {:.1} s",
+         gap {:.0} ms (session timeout {TTL:?}); B exit {b_exit:?}; scenario took {:.1} s",
         ms(last_beat - fault_ns),
         ms(b_start - fault_ns),
         ms(b_start - last_beat),
@@ -252,17 +246,29 @@ fn holder_on_a_stopped_leader_is_dead_before_a_holder_on_a_follower_starts() {
     no_overlap_under(Fault::StopLeader, "stopped_leader");
 }
 
-/// Holder H on the leader, waiter W pinned to a follower that is then cut off. H leaves; W's view
-/// is stale (it never learns of it) and its session expires at the leader; a third contender T
-/// on the other follower takes over. W must never start its child: not while cut off, and not
-/// once its follower rejoins.
+/// Holder H on the leader, waiter W pinned to a follower that is then cut off both ways. H
+/// leaves; W never learns of it, and its session expires at the leader; a third contender T on
+/// the other follower takes over. W must never start its child: not while cut off, and not once
+/// its follower rejoins.
 #[test]
 fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
+    stale_waiter_never_starts(Ensemble::isolate, "stale_waiter");
+}
+
+/// As above, but the follower is cut off one way only: it keeps hearing the leader, so W sees H's
+/// node go and its own turn come on the follower's view, while the leader hears neither W nor
+/// the follower, and expires W's session. W's turn is stale: it must not start its child on it.
+#[test]
+fn waiter_on_a_follower_its_leader_no_longer_hears_never_starts_on_the_turn_it_sees() {
+    stale_waiter_never_starts(Ensemble::isolate_one_way, "one_way_waiter");
+}
+
+fn stale_waiter_never_starts(cut: fn(&Ensemble, usize), label: &str) {
     let ensemble = Ensemble::start();
     let leader = ensemble.leader_index();
     let cut_off = ensemble.other_than(&[leader]);
     let third = ensemble.other_than(&[leader, cut_off]);
-    let name = zookeeper::unique_name("stale_waiter");
+    let name = zookeeper::unique_name(label);
     let sb = Sandbox::new();
     let h = Job::hold(zk_job(&ensemble.endpoint(leader), &name), &sb, "h");
     let w = zk_job(&ensemble.endpoint(cut_off), &name).args(&["-w", "120s"]);
@@ -270,7 +276,7 @@ fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
     super::wait_for_queue_len(ensemble.port(leader), &name, 2, STARTUP);
 
     let h_token = h.token();
-    ensemble.isolate(cut_off);
+    cut(&ensemble, cut_off);
     h.finish();
     let t = zk_job(&ensemble.endpoint(third), &name).args(&["-w", "120s"]);
     let mut t = Job::spawn(t, Marks::new(&sb, "t"), false);
@@ -296,6 +302,10 @@ fn waiter_on_a_cut_off_follower_never_starts_its_child_on_the_stale_view() {
     assert!(t.token() > h_token);
     t.release();
     t.finish_with(0);
+    eprintln!(
+        "ZooKeeper {label}: W never started; T took over; W's log:\n{}",
+        w.run.stderr()
+    );
     drop(w);
 }
 
