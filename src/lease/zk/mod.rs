@@ -182,7 +182,9 @@ impl Zk {
         if state.lost.is_some() || BootInstant::now() >= state.stop_at {
             return None;
         }
-        let a = self.attempt.take()?;
+        let mut a = self.attempt.take()?;
+        a.keeper
+            .watch_own(a.zk.clone(), a.own.path.clone(), a.own.czxid);
         Some(ZkHeld {
             cfg: self.cfg.clone(),
             zk: a.zk,

@@ -17,10 +17,12 @@ use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
 use crate::lease::timing::{KeySeen, Verdict};
 use crate::lease::LossReason;
 
-/// The keeper task and the state it publishes.
+/// The keeper task (and once held, the own node's watch) and the state they publish.
 pub struct Keeper {
     state: watch::Receiver<KeeperState>,
-    task: JoinHandle<()>,
+    /// Kept for the own node's watch, which also publishes.
+    tx: watch::Sender<KeeperState>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Keeper {
@@ -32,8 +34,21 @@ impl Keeper {
             lost: None,
             trouble: None,
         });
-        let task = tokio::spawn(run(zk, path, czxid, schedule, tx));
-        Keeper { state, task }
+        let task = tokio::spawn(run(zk, path, czxid, schedule, tx.clone()));
+        Keeper {
+            state,
+            tx,
+            tasks: vec![task],
+        }
+    }
+
+    /// Watch the own node from now on, so that its deletion or replacement is a loss at once,
+    /// not at the next renewal's Look. A member shows a deletion only once it is committed, so
+    /// a stale member can delay this, never make it up.
+    pub fn watch_own(&mut self, zk: zkc::Client, path: String, czxid: i64) {
+        let tx = self.tx.clone();
+        self.tasks
+            .push(tokio::spawn(watch_own(zk, path, czxid, tx)));
     }
 
     /// The state as last published.
@@ -50,15 +65,33 @@ impl Keeper {
         self.state.borrow_and_update().clone()
     }
 
-    /// Stop renewing.
+    /// Stop renewing and watching.
     pub fn stop(&self) {
-        self.task.abort();
+        self.tasks.iter().for_each(JoinHandle::abort);
     }
 }
 
 impl Drop for Keeper {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
+    }
+}
+
+async fn watch_own(zk: zkc::Client, path: String, czxid: i64, tx: watch::Sender<KeeperState>) {
+    loop {
+        match zk.check_and_watch_stat(&path).await {
+            Ok((None, _)) => return lose(&tx, LossReason::KeyDeleted(path)),
+            Ok((Some(s), _)) if s.czxid != czxid => {
+                return lose(&tx, LossReason::KeyReplaced(path))
+            }
+            Ok((Some(_), watcher)) => {
+                if watcher.changed().await.event_type == zkc::EventType::NodeDeleted {
+                    return lose(&tx, LossReason::KeyDeleted(path));
+                }
+            }
+            // The keeper judges failures; this only looks again a little later.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
     }
 }
 
