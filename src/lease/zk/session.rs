@@ -3,9 +3,10 @@
 //! `D`, trouble and the loss, as etcd's keeper does, through a [`KeeperState`] channel.
 //!
 //! It starts as soon as the own node exists, so that a waiter's `D` is as fresh as a holder's
-//! when its turn comes. Any error, late answer or disconnection is a failure: `D` does not move
-//! and the triple starts over. The session state is watched too: Expired or a refused
-//! authentication lose the lease at once, whenever the client says so (never later than `D`).
+//! when its turn comes. Any error, and any change of the session's state (Disconnected, connected
+//! again), is a failure: `D` does not move and the triple starts over, since the chain proves
+//! something only on one connection. Expired or a refused authentication lose the lease at once,
+//! whenever the client says so (never later than `D`).
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -105,42 +106,78 @@ async fn run(
     let mut states = zk.state_watcher();
     loop {
         let now = BootInstant::now();
-        let step = match schedule.next(now) {
+        let outcome = match schedule.next(now) {
             ZkNext::Lost => return lose(&tx, LossReason::NotRenewed),
-            ZkNext::Send(step) => step,
+            ZkNext::Send(step) => {
+                schedule.sent(step, now);
+                let answer = answer_of(&zk, step, &path, czxid, &mut schedule, &tx);
+                unless_changed(&mut states, answer).await
+            }
             ZkNext::SleepUntil(t) | ZkNext::AwaitUntil(t) => {
-                tokio::select! {
-                    () = sleep_until(t) => {}
-                    state = states.changed() => if let Some(why) = session_lost(state) {
-                        return lose(&tx, why);
-                    },
-                }
-                continue;
+                unless_changed(&mut states, async move {
+                    sleep_until(t).await;
+                    Verdict::Ignored
+                })
+                .await
             }
         };
-        schedule.sent(step, now);
-        let due = match schedule.next(now) {
-            ZkNext::AwaitUntil(t) => t,
-            _ => now,
-        };
-        let answer = tokio::time::timeout_at(instant(due), send(&zk, step, &path, czxid)).await;
-        let at = BootInstant::now();
-        let verdict = match answer {
-            Ok(Ok(answer)) => schedule.answered(at, answer),
-            Ok(Err(why)) => {
-                schedule.failed(at);
-                trouble(&tx, &format!("{step:?}: {why}"));
-                Verdict::Failed
-            }
-            Err(_) => {
-                schedule.failed(at);
-                trouble(&tx, &format!("{step:?}: no answer in time"));
-                Verdict::Failed
-            }
-        };
+        let verdict = outcome.unwrap_or_else(|state| changed(&mut schedule, &tx, state));
         if publish(&tx, &schedule, verdict, &path) {
             return;
         }
+    }
+}
+
+/// `work`'s verdict, unless the session's state changes first: then that state.
+async fn unless_changed(
+    states: &mut zkc::StateWatcher,
+    work: impl std::future::Future<Output = Verdict>,
+) -> Result<Verdict, zkc::SessionState> {
+    tokio::select! {
+        verdict = work => Ok(verdict),
+        state = states.changed() => Err(state),
+    }
+}
+
+/// The three steps prove something only on one connection: a change of the session's state
+/// (Disconnected, then connected again, maybe to another member) breaks the chain, and the
+/// renewal starts over; a terminal state loses the lease.
+fn changed(
+    schedule: &mut ZkSchedule,
+    tx: &watch::Sender<KeeperState>,
+    state: zkc::SessionState,
+) -> Verdict {
+    if let Some(why) = session_lost(state) {
+        return Verdict::Lost(why);
+    }
+    schedule.failed(BootInstant::now());
+    trouble(
+        tx,
+        &format!("the connection to ZooKeeper changed ({state:?})"),
+    );
+    Verdict::Failed
+}
+
+/// Send `step` (marked sent already) and judge its answer, by the stop time at the latest.
+async fn answer_of(
+    zk: &zkc::Client,
+    step: Step,
+    path: &str,
+    czxid: i64,
+    schedule: &mut ZkSchedule,
+    tx: &watch::Sender<KeeperState>,
+) -> Verdict {
+    let answer =
+        tokio::time::timeout_at(instant(schedule.stop_at()), send(zk, step, path, czxid)).await;
+    let at = BootInstant::now();
+    match answer {
+        Ok(Ok(answer)) => schedule.answered(at, answer),
+        Ok(Err(why)) => {
+            schedule.failed(at);
+            trouble(tx, &format!("{step:?}: {why}"));
+            Verdict::Failed
+        }
+        Err(_) => Verdict::Lost(LossReason::NotRenewed),
     }
 }
 
