@@ -65,11 +65,18 @@ fn sequence_of(node: &str) -> u64 {
 
 #[track_caller]
 fn wait_for_queue_len(port: u16, name: &str, len: usize, bound: Duration) {
+    wait_for_queue_len_at(|| port, name, len, bound);
+}
+
+/// Waits until `len` lock nodes of `name` show in the dump of the server on `port()` (asked
+/// again on every look: an ensemble's leader may change meanwhile).
+#[track_caller]
+fn wait_for_queue_len_at(port: impl Fn() -> u16, name: &str, len: usize, bound: Duration) {
     let mut seen = Vec::new();
     let what = format!("{len} lock nodes under {}", lock_dir(name));
     let deadline = Instant::now() + bound;
     while Instant::now() < deadline {
-        seen = queue(port, name);
+        seen = queue(port(), name);
         if seen.len() == len {
             return;
         }
@@ -82,8 +89,28 @@ fn wait_for_queue_len(port: u16, name: &str, len: usize, bound: Duration) {
 fn held(sb: &Sandbox, test: &str) -> (&'static Zk, String, Job) {
     let zk = zookeeper::shared();
     let name = zookeeper::unique_name(test);
-    let h = Job::hold(zk_job(&zk.connect(), &name), sb, "h");
+    let h = hold(zk_job(&zk.connect(), &name), sb, "h");
     (zk, name, h)
+}
+
+/// `Job::hold`, with leasewrap's stderr when its child does not start in time.
+#[track_caller]
+fn hold(lw: Leasewrap, sb: &Sandbox, label: &str) -> Job {
+    let mut job = Job::spawn(lw, Marks::new(sb, label), false);
+    let started = |job: &mut Job| job.marks.pid.exists() || job.run.try_status().is_some();
+    let deadline = Instant::now() + STARTUP;
+    while !started(&mut job) && Instant::now() < deadline {
+        thread::sleep(POLL);
+    }
+    if !job.marks.pid.exists() {
+        let status = job.run.try_status();
+        panic!(
+            "{label}'s child did not start within {STARTUP:?} (leasewrap: {status:?})\n{}",
+            job.run.stderr()
+        );
+    }
+    job.child();
+    job
 }
 
 /// Only the holder's node is left, and its child still runs; then it finishes normally.
@@ -206,7 +233,7 @@ fn fencing_token_is_the_lock_node_s_czxid_and_grows_with_every_holder() {
     let parent = zookeeper::stat(&zk.connect(), &lock_dir(&name));
     let parent = parent.expect("the parent outlives the holders");
     assert_eq!(parent.ephemeral_owner, 0, "the parent is persistent");
-    let next = Job::hold(zk_job(&zk.connect(), &name), &sb, "next");
+    let next = hold(zk_job(&zk.connect(), &name), &sb, "next");
     assert!(next.token() > token, "{} after {token}", next.token());
     next.finish();
 }
@@ -482,7 +509,7 @@ fn fenced_put_writes_while_the_lock_is_held_and_is_refused_after_a_loss() {
     });
     let refused = fenced_put(&env, &key, "after the loss");
     assert_exit(&refused, 73);
-    let next = Job::hold(zk_job(&zk.connect(), &name), &sb, "next");
+    let next = hold(zk_job(&zk.connect(), &name), &sb, "next");
     let refused = fenced_put(&env, &key, "after the next holder came");
     assert_exit(&refused, 73);
     assert!(
