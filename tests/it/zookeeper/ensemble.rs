@@ -292,9 +292,21 @@ fn stale_waiter_never_starts(cut: fn(&Ensemble, usize), label: &str) {
         t.marks.started()
     });
     ensemble.heal(cut_off);
-    let healed = Instant::now();
     let t_child = t.child();
-    // The assertion itself: for 2 x the timeout after the heal, W starts nothing while T holds.
+    w_starts_nothing_while_t_holds(&w, &t, t_child);
+    assert!(t.token() > h_token);
+    t.release();
+    t.finish_with(0);
+    eprintln!(
+        "ZooKeeper {label}: W never started; T took over; W's log:\n{}",
+        w.run.stderr()
+    );
+    drop(w);
+}
+
+/// For 2 x the timeout after the heal, W starts nothing while T's child runs.
+fn w_starts_nothing_while_t_holds(w: &Job, t: &Job, t_child: i32) {
+    let healed = Instant::now();
     while healed.elapsed() < 2 * TTL {
         // In this order: a start seen before a live pid means both ran at the same instant.
         let w_started = w.marks.started();
@@ -313,14 +325,6 @@ fn stale_waiter_never_starts(cut: fn(&Ensemble, usize), label: &str) {
         thread::sleep(POLL);
     }
     assert!(pid_alive(t_child), "T's child was disturbed");
-    assert!(t.token() > h_token);
-    t.release();
-    t.finish_with(0);
-    eprintln!(
-        "ZooKeeper {label}: W never started; T took over; W's log:\n{}",
-        w.run.stderr()
-    );
-    drop(w);
 }
 
 /// How long the healthy ensemble is watched.
