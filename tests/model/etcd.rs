@@ -9,9 +9,8 @@
 //! linearizable read; a paused member answers nothing; both come back with their lessor still
 //! primary, and before etcd 3.5.13 that lessor revokes every lease it thinks expired.
 
-
 use leasewrap::clock::BootInstant;
-use leasewrap::lease::timing::{KeySeen, Kept, Next, Read, Schedule, Verdict};
+use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Verdict};
 use stateright::{Model, Property};
 
 use crate::common::{at, params, server_ticks, ticks, World, TTL};
@@ -484,7 +483,10 @@ fn keep(s: &mut State, c: usize, model: &Etcd) {
 }
 
 fn holding(s: &mut State, c: usize) -> &mut Holding {
-    s.clients[c].holding.as_mut().expect("a keeper acts only while holding")
+    s.clients[c]
+        .holding
+        .as_mut()
+        .expect("a keeper acts only while holding")
 }
 
 /// The lease is lost: leasewrap stops the child, and may queue again once it is dead.
@@ -551,7 +553,9 @@ fn recover(s: &mut State, m: usize, release: Release) {
     me.primary = false;
     me.applied = s.term;
     me.believes = s.leader;
-    me.leases = leader.leases.map(|l| l.map(|l| LeaseView { expiry: None, ..l }));
+    me.leases = leader
+        .leases
+        .map(|l| l.map(|l| LeaseView { expiry: None, ..l }));
 }
 
 /// Message `i` arrives: a member serves a request, or a keeper reads a reply.
@@ -568,7 +572,14 @@ fn deliver(s: &mut State, i: usize, model: &Etcd) {
         }
     };
     if let Some(body) = reply {
-        s.send(msg.client, msg.member, msg.token, body, model.delay, msg.heeded);
+        s.send(
+            msg.client,
+            msg.member,
+            msg.token,
+            body,
+            model.delay,
+            msg.heeded,
+        );
     }
 }
 
@@ -588,7 +599,9 @@ fn keepalive(s: &mut State, msg: &Msg) -> Option<Body> {
         return None;
     }
     let now = at(s.now);
-    let lease = r.leases[msg.client].as_mut().filter(|l| l.token == msg.token);
+    let lease = r.leases[msg.client]
+        .as_mut()
+        .filter(|l| l.token == msg.token);
     let ttl = match lease {
         None => 0,
         Some(l) if l.expiry.is_some_and(|e| e <= now) => return None,
@@ -679,13 +692,24 @@ fn step(s: &State, after: &State, action: Action) -> String {
     match action {
         Action::Acquire(x) => {
             let h = after.clients[x].holding.as_ref().expect("acquired");
-            format!("{} takes the lock (token {}), D = {:.2}", c(x), h.token, d(&h.schedule))
+            let start = ticks(s.freed.unwrap_or(at(s.now)));
+            let dl = d(&h.schedule);
+            format!(
+                "{} takes the lock (token {}) at {start:.2}, D = {dl:.2}",
+                c(x),
+                h.token
+            )
         }
         Action::Keep(x) => match s.due(x) {
             Some(Next::Send) => {
                 let h = s.clients[x].holding.as_ref().expect("holding");
                 let side = h.sidecar.map(|m| format!(" (and, unheeded, to m{m})"));
-                format!("{} sends a keepalive to m{}{}", c(x), h.member, side.unwrap_or_default())
+                format!(
+                    "{} sends a keepalive to m{}{}",
+                    c(x),
+                    h.member,
+                    side.unwrap_or_default()
+                )
             }
             Some(Next::ConfirmBy(_)) => {
                 let h = s.clients[x].holding.as_ref().expect("holding");
@@ -712,7 +736,11 @@ fn delivered(s: &State, after: &State, m: &Msg) -> String {
     match m.body {
         Body::KeepAlive => {
             let answered = after.net.len() >= s.net.len();
-            let how = if answered { "answers" } else { "does not answer" };
+            let how = if answered {
+                "answers"
+            } else {
+                "does not answer"
+            };
             format!("m{} {how} {who}'s keepalive{unheeded}", m.member)
         }
         Body::Read => {
@@ -721,10 +749,16 @@ fn delivered(s: &State, after: &State, m: &Msg) -> String {
             format!("m{} {how} {who}'s linearizable read{unheeded}", m.member)
         }
         Body::Kept { ttl, term } => {
-            format!("{who} gets m{}'s keepalive reply: TTL {ttl}, term {term}{unheeded}", m.member)
+            format!(
+                "{who} gets m{}'s keepalive reply: TTL {ttl}, term {term}{unheeded}",
+                m.member
+            )
         }
         Body::Answer { term, seen } => {
-            format!("{who} gets m{}'s read: key {seen:?}, term {term}{unheeded}", m.member)
+            format!(
+                "{who} gets m{}'s read: key {seen:?}, term {term}{unheeded}",
+                m.member
+            )
         }
     }
 }
@@ -732,23 +766,32 @@ fn delivered(s: &State, after: &State, m: &Msg) -> String {
 /// What a step changed that the timeline must show: deadlines, revokes, children.
 fn effects(s: &State, after: &State) -> String {
     let mut out = String::new();
-    for c in 0..2 {
+    for (c, name) in NAMES.iter().enumerate() {
         let before = s.clients[c].holding.as_ref().map(|h| h.schedule.deadline());
-        let now = after.clients[c].holding.as_ref().map(|h| h.schedule.deadline());
+        let now = after.clients[c]
+            .holding
+            .as_ref()
+            .map(|h| h.schedule.deadline());
         if let (Some(b), Some(n)) = (before, now) {
             if n > b {
-                out.push_str(&format!("; {}'s D moves to {:.2}", NAMES[c], ticks(n)));
+                out.push_str(&format!("; {}'s D moves to {:.2}", name, ticks(n)));
             }
         }
         if before.is_some() && now.is_none() {
             let end = after.world.children[c].as_ref().map(|ch| ticks(ch.end));
             let end = end.map(|e| format!(", its child dead by {e:.2}"));
-            out.push_str(&format!("; {} stops its child{}", NAMES[c], end.unwrap_or_default()));
+            out.push_str(&format!(
+                "; {} stops its child{}",
+                name,
+                end.unwrap_or_default()
+            ));
         }
     }
     if s.key.is_some() && after.key.is_none() {
         let when = after.freed.map_or(after.now as f64, ticks);
-        out.push_str(&format!("; the lease is revoked, the lock key deleted at {when:.2}"));
+        out.push_str(&format!(
+            "; the lease is revoked, the lock key deleted at {when:.2}"
+        ));
     }
     if let Some(b) = after.world.broken.filter(|_| s.world.broken.is_none()) {
         out.push_str(&format!("\n         BROKEN: {b:?}"));

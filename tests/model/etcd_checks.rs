@@ -25,7 +25,12 @@ const MEMBERS: Faults = Faults {
 fn etcd_holders_through_a_healthy_cluster_never_lose_the_lease() {
     let model = Etcd {
         delay: 0,
-        ..etcd(Keeper::Sidecar, Release::Fixed, Faults { most: 0, ..MEMBERS }, 30)
+        ..etcd(
+            Keeper::Sidecar,
+            Release::Fixed,
+            Faults { most: 0, ..MEMBERS },
+            30,
+        )
     };
     let run = check("etcd healthy", model);
     run.holds(HEALTHY);
@@ -51,7 +56,12 @@ fn etcd_the_rule_never_runs_two_children_at_once() {
     };
     let run = check(
         "etcd rule, etcd >= 3.5.13",
-        etcd(Keeper::Sidecar, Release::Fixed, faults, if deep() { 30 } else { 24 }),
+        etcd(
+            Keeper::Sidecar,
+            Release::Fixed,
+            faults,
+            if deep() { 30 } else { 24 },
+        ),
     );
     run.holds(OVERLAP);
     run.reaches(RENEWED);
@@ -76,7 +86,12 @@ fn etcd_a_keepalive_to_every_member_never_runs_two_children_at_once_when_one_is_
     };
     let run = check(
         "etcd every member, etcd < 3.5.13, stuck members",
-        etcd(Keeper::EveryMember, Release::Old, faults, 24),
+        etcd(
+            Keeper::EveryMember,
+            Release::Old,
+            faults,
+            if deep() { 24 } else { 16 },
+        ),
     );
     run.holds(OVERLAP);
     run.reaches(HANDED_OVER);

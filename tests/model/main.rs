@@ -47,12 +47,18 @@ pub fn properties<M: Checked>() -> Vec<Property<M>> {
     ]
 }
 
+/// A property the checker found broken (or an example of a `sometimes` one), with its trace.
+pub type Found<M> = (
+    &'static str,
+    Path<<M as Model>::State, <M as Model>::Action>,
+);
+
 /// What one run of the checker found.
 pub struct Run<M: Checked> {
     pub model: M,
     pub states: usize,
     pub seconds: f64,
-    pub found: Vec<(&'static str, Path<M::State, M::Action>)>,
+    pub found: Vec<Found<M>>,
 }
 
 /// Check `model` exhaustively, breadth first (so a counterexample is a shortest one).
@@ -110,7 +116,10 @@ where
     #[track_caller]
     pub fn breaks(&self, property: &str) -> String {
         let Some(path) = self.found(property) else {
-            panic!("{property}: the checker found no counterexample in {} states", self.states);
+            panic!(
+                "{property}: the checker found no counterexample in {} states",
+                self.states
+            );
         };
         let text = timeline::render(&self.model, path);
         eprintln!("{property}: broken\n{text}");

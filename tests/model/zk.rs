@@ -51,8 +51,12 @@ pub struct Faults {
 pub struct Zk {
     pub rule: Rule,
     pub faults: Faults,
-    /// The longest a message takes, in ticks.
+    /// The longest a message between a holder and its follower takes, in ticks.
     pub delay: u32,
+    /// The longest a packet between a follower and the leader takes, in ticks.
+    pub link_delay: u32,
+    /// The holders are told tickTime; else `ZkSchedule` takes it as T/2.
+    pub tick_known: bool,
     pub horizon: u32,
 }
 
@@ -222,8 +226,8 @@ impl LatestWrite {
 }
 
 impl Schedule {
-    fn connected(rule: Rule, start: BootInstant) -> Self {
-        let tick = Some(Duration::from_secs_f64(TICK_TIME));
+    fn connected(rule: Rule, start: BootInstant, tick_known: bool) -> Self {
+        let tick = tick_known.then(|| Duration::from_secs_f64(TICK_TIME));
         let timeout = Duration::from_secs(TTL);
         match rule {
             Rule::LookSyncCheck => Schedule::Zk(
@@ -328,11 +332,17 @@ impl State {
                 .all(|m| m.due > self.now || !self.deliverable(m))
     }
 
-    fn to_client(&mut self, c: usize, step: Step, reply: Reply, delay: u32) {
+    fn answer_client(&mut self, c: usize, step: Step, reply: Reply, delay: u32) {
         let token = self.clients[c].holding.as_ref().map_or(0, |h| h.token);
         let due = self.now + delay;
         let reply = Some(reply);
-        self.net.push(Msg { client: c, token, step, reply, due });
+        self.net.push(Msg {
+            client: c,
+            token,
+            step,
+            reply,
+            due,
+        });
     }
 
     /// Queue `packet` on follower `f`'s link to (`up`) or from the leader, unless it is cut.
@@ -340,7 +350,11 @@ impl State {
         let due = self.now + delay;
         let fo = &mut self.followers[f];
         if fo.cut.is_none() {
-            let q = if up { &mut fo.to_leader } else { &mut fo.from_leader };
+            let q = if up {
+                &mut fo.to_leader
+            } else {
+                &mut fo.from_leader
+            };
             q.push(Queued { packet, due });
         }
     }
@@ -352,7 +366,12 @@ impl State {
                 continue;
             };
             self.sessions[c] = None;
-            if self.node == Some(Lock { client: c, token: sess.token }) {
+            if self.node
+                == Some(Lock {
+                    client: c,
+                    token: sess.token,
+                })
+            {
                 self.node = None;
                 self.freed = Some(sess.expiry.max(floor));
                 (0..2).for_each(|f| self.queue(f, false, Packet::Node(None), delay));
@@ -444,14 +463,14 @@ impl Model for Zk {
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
-        let d = self.delay;
+        let (d, l) = (self.delay, self.link_delay);
         match action {
-            Action::Tick => tick(&mut s, d),
-            Action::Acquire(c) => acquire(&mut s, c, self.rule, d),
+            Action::Tick => tick(&mut s, d, l),
+            Action::Acquire(c) => acquire(&mut s, c, self, l),
             Action::Keep(c) => keep(&mut s, c, d),
-            Action::Deliver(i) => deliver(&mut s, i, d),
-            Action::Link(f, true) => at_leader(&mut s, f, d),
-            Action::Link(f, false) => at_follower(&mut s, f, d),
+            Action::Deliver(i) => deliver(&mut s, i, d, l),
+            Action::Link(f, true) => at_leader(&mut s, f, l),
+            Action::Link(f, false) => at_follower(&mut s, f, d, l),
             Action::Cut(f) => {
                 s.faults += 1;
                 let fo = &mut s.followers[f];
@@ -466,7 +485,7 @@ impl Model for Zk {
             Action::ResumeLeader(expirer_first) => {
                 s.leader_paused = false;
                 if expirer_first {
-                    s.expire(at(s.now), d);
+                    s.expire(at(s.now), l);
                 }
             }
             Action::PauseClient(c) => {
@@ -490,27 +509,27 @@ impl Model for Zk {
 
 /// Time moves on: the leader's expirer runs, then its PING to each follower; a follower cut off
 /// for syncLimit × tickTime closes its clients' connections.
-fn tick(s: &mut State, d: u32) {
+fn tick(s: &mut State, d: u32, l: u32) {
     s.now += 1;
     s.freed = None;
     s.world.reap(at(s.now));
     if !s.leader_paused {
-        s.expire(at(s.now - 1), d);
-        (0..2).for_each(|f| s.queue(f, false, Packet::Ping, d));
+        s.expire(at(s.now - 1), l);
+        (0..2).for_each(|f| s.queue(f, false, Packet::Ping, l));
     }
     for f in 0..2 {
         let fo = &mut s.followers[f];
         if fo.cut.is_some_and(|t| s.now >= t + SYNC_LIMIT_TICKS) && !fo.closed {
             fo.closed = true;
             if s.clients[f].holding.is_some() {
-                s.to_client(f, Step::Look, Reply::Disconnected, d);
+                s.answer_client(f, Step::Look, Reply::Disconnected, d);
             }
         }
     }
 }
 
 /// Client `c` takes the free lock node in a new session, as soon as it could.
-fn acquire(s: &mut State, c: usize, rule: Rule, d: u32) {
+fn acquire(s: &mut State, c: usize, model: &Zk, d: u32) {
     s.tokens += 1;
     let token = s.tokens;
     let start = s.freed.unwrap_or(at(s.now));
@@ -521,7 +540,7 @@ fn acquire(s: &mut State, c: usize, rule: Rule, d: u32) {
     });
     s.node = Some(lock);
     (0..2).for_each(|f| s.queue(f, false, Packet::Node(Some(lock)), d));
-    let schedule = Schedule::connected(rule, start);
+    let schedule = Schedule::connected(model.rule, start, model.tick_known);
     s.world.start(c, token, start, schedule.deadline());
     s.clients[c].holding = Some(Holding { token, schedule });
 }
@@ -530,14 +549,23 @@ fn acquire(s: &mut State, c: usize, rule: Rule, d: u32) {
 fn keep(s: &mut State, c: usize, d: u32) {
     let now = at(s.now);
     let Some(next) = s.due(c) else { return };
-    let h = s.clients[c].holding.as_mut().expect("due only while holding");
+    let h = s.clients[c]
+        .holding
+        .as_mut()
+        .expect("due only while holding");
     let token = h.token;
     match next {
         ZkNext::Lost => lose(s, c),
         ZkNext::Send(step) => {
             h.schedule.sent(step, now);
             let due = s.now + d;
-            s.net.push(Msg { client: c, token, step, reply: None, due });
+            s.net.push(Msg {
+                client: c,
+                token,
+                step,
+                reply: None,
+                due,
+            });
         }
         _ => h.schedule.failed(now),
     }
@@ -550,28 +578,28 @@ fn lose(s: &mut State, c: usize) {
 }
 
 /// A holder's request reaches its follower, or an answer reaches the holder.
-fn deliver(s: &mut State, i: usize, d: u32) {
+fn deliver(s: &mut State, i: usize, d: u32, l: u32) {
     let m = s.net.remove(i);
     let c = m.client;
     match m.reply {
-        None if s.followers[c].closed => s.to_client(c, m.step, Reply::Disconnected, d),
-        None => request(s, &m, d),
+        None if s.followers[c].closed => s.answer_client(c, m.step, Reply::Disconnected, d),
+        None => request(s, &m, d, l),
         Some(reply) => answered(s, &m, reply),
     }
 }
 
 /// Every request touches the session in the follower's own table (`submitRequestNow`), before
 /// it is answered there (a read) or forwarded to the leader (a sync or a write).
-fn request(s: &mut State, m: &Msg, d: u32) {
+fn request(s: &mut State, m: &Msg, d: u32, l: u32) {
     let c = m.client;
     s.followers[c].touched[c] = Some(m.token);
     match m.step {
         Step::Look => {
             let answer = seen(s.followers[c].node, c, m.token);
-            s.to_client(c, Step::Look, Reply::Answered(answer), d);
+            s.answer_client(c, Step::Look, Reply::Answered(answer), d);
         }
-        Step::Sync => s.queue(c, true, Packet::Sync(c), d),
-        Step::Check => s.queue(c, true, Packet::Check(c, m.token), d),
+        Step::Sync => s.queue(c, true, Packet::Sync(c), l),
+        Step::Check => s.queue(c, true, Packet::Check(c, m.token), l),
     }
 }
 
@@ -621,7 +649,11 @@ fn at_leader(s: &mut State, f: usize, d: u32) {
         Packet::Sync(c) => s.queue(f, false, Packet::SyncDone(c), d),
         Packet::Check(c, token) => {
             let alive = s.sessions[c].is_some_and(|x| x.token == token);
-            let answer = if alive { seen(s.node, c, token) } else { Answer::Expired };
+            let answer = if alive {
+                seen(s.node, c, token)
+            } else {
+                Answer::Expired
+            };
             s.queue(f, false, Packet::Committed(c, answer), d);
         }
         _ => {}
@@ -629,15 +661,15 @@ fn at_leader(s: &mut State, f: usize, d: u32) {
 }
 
 /// Follower `f` handles the next packet from the leader, in order.
-fn at_follower(s: &mut State, f: usize, d: u32) {
+fn at_follower(s: &mut State, f: usize, d: u32, l: u32) {
     let p = s.followers[f].from_leader.remove(0).packet;
     match p {
         Packet::Ping => {
             let table = std::mem::take(&mut s.followers[f].touched);
-            s.queue(f, true, Packet::PingReply(table), d);
+            s.queue(f, true, Packet::PingReply(table), l);
         }
-        Packet::SyncDone(c) => s.to_client(c, Step::Sync, Reply::Answered(Answer::Ok), d),
-        Packet::Committed(c, a) => s.to_client(c, Step::Check, Reply::Answered(a), d),
+        Packet::SyncDone(c) => s.answer_client(c, Step::Sync, Reply::Answered(Answer::Ok), d),
+        Packet::Committed(c, a) => s.answer_client(c, Step::Check, Reply::Answered(a), d),
         Packet::Node(n) => s.followers[f].node = n,
         _ => {}
     }
@@ -663,10 +695,18 @@ impl crate::Checked for Zk {
         let what = match *action {
             Action::Tick => return String::new(),
             Action::Acquire(c) => format!(
-                "{} takes the lock (session {}), D = {:.2}",
+                "{} takes the lock (session {}) at {:.2}, D = {:.2}",
                 NAMES[c],
                 after.tokens,
-                ticks(after.clients[c].holding.as_ref().expect("held").schedule.deadline())
+                ticks(s.freed.unwrap_or(at(s.now))),
+                ticks(
+                    after.clients[c]
+                        .holding
+                        .as_ref()
+                        .expect("held")
+                        .schedule
+                        .deadline()
+                )
             ),
             Action::Keep(c) => match s.due(c) {
                 Some(ZkNext::Send(step)) => format!("{} sends {step:?} to F{}", NAMES[c], c + 1),
@@ -690,17 +730,30 @@ impl crate::Checked for Zk {
 /// client's request: the PINGs, every tick, would drown the rest.
 fn link(s: &State, after: &State, f: usize, up: bool) -> String {
     let fo = &s.followers[f];
-    let p = if up { fo.to_leader[0].packet } else { fo.from_leader[0].packet };
+    let p = if up {
+        fo.to_leader[0].packet
+    } else {
+        fo.from_leader[0].packet
+    };
     let line = match p {
         Packet::Ping | Packet::PingReply([None, None]) => return effects(s, after),
         Packet::PingReply(t) => {
-            let who: Vec<&str> = (0..2).filter(|c| t[*c].is_some()).map(|c| NAMES[c]).collect();
-            format!("L reads F{}'s PING reply, touching {}", f + 1, who.join(" and "))
+            let who: Vec<&str> = (0..2)
+                .filter(|c| t[*c].is_some())
+                .map(|c| NAMES[c])
+                .collect();
+            format!(
+                "L reads F{}'s PING reply, touching {}",
+                f + 1,
+                who.join(" and ")
+            )
         }
         Packet::Sync(c) => format!("L reads {}'s sync from F{}", NAMES[c], f + 1),
         Packet::Check(c, _) => format!("L reads {}'s Check from F{}", NAMES[c], f + 1),
         Packet::SyncDone(c) => format!("F{} reads L's answer to {}'s sync", f + 1, NAMES[c]),
-        Packet::Committed(c, a) => format!("F{} reads L's commit of {}'s Check: {a:?}", f + 1, NAMES[c]),
+        Packet::Committed(c, a) => {
+            format!("F{} reads L's commit of {}'s Check: {a:?}", f + 1, NAMES[c])
+        }
         Packet::Node(n) => format!("F{} learns the lock node is {n:?}", f + 1),
     };
     format!("{line}{}", effects(s, after))
@@ -710,30 +763,50 @@ fn delivered(m: &Msg) -> String {
     let who = NAMES[m.client];
     match m.reply {
         None => format!("F{} gets {who}'s {:?}", m.client + 1, m.step),
-        Some(r) => format!("{who} gets F{}'s answer to {:?}: {r:?}", m.client + 1, m.step),
+        Some(r) => format!(
+            "{who} gets F{}'s answer to {:?}: {r:?}",
+            m.client + 1,
+            m.step
+        ),
     }
 }
 
 fn effects(s: &State, after: &State) -> String {
     let mut out = String::new();
-    for c in 0..2 {
-        let dl = |st: &State| st.clients[c].holding.as_ref().map(|h| h.schedule.deadline());
+    for (c, name) in NAMES.iter().enumerate() {
+        let dl = |st: &State| {
+            st.clients[c]
+                .holding
+                .as_ref()
+                .map(|h| h.schedule.deadline())
+        };
         match (dl(s), dl(after)) {
             (Some(b), Some(n)) if n > b => {
-                out.push_str(&format!("; {}'s D moves to {:.2}", NAMES[c], ticks(n)));
+                out.push_str(&format!("; {}'s D moves to {:.2}", name, ticks(n)));
             }
-            (Some(_), None) => out.push_str(&format!("; {} stops its child", NAMES[c])),
+            (Some(_), None) => {
+                let end = after.world.children[c]
+                    .as_ref()
+                    .map_or(0.0, |ch| ticks(ch.end));
+                out.push_str(&format!("; {} stops its child, dead by {end:.2}", name));
+            }
             _ => {}
         }
         if let (Some(b), Some(n)) = (s.sessions[c], after.sessions[c]) {
             if n.expiry != b.expiry {
-                out.push_str(&format!("; L's expiry of {}'s session: {:.2}", NAMES[c], ticks(n.expiry)));
+                out.push_str(&format!(
+                    "; L's expiry of {}'s session: {:.2}",
+                    name,
+                    ticks(n.expiry)
+                ));
             }
         }
     }
     if s.node.is_some() && after.node.is_none() {
         let when = after.freed.map_or(after.now as f64, ticks);
-        out.push_str(&format!("; L expires the session, the lock node goes at {when:.2}"));
+        out.push_str(&format!(
+            "; L expires the session, the lock node goes at {when:.2}"
+        ));
     }
     if let Some(b) = after.world.broken.filter(|_| s.world.broken.is_none()) {
         out.push_str(&format!("\n         BROKEN: {b:?}"));
