@@ -53,6 +53,9 @@ pub fn kill_after() -> Duration {
         .kill_after
 }
 
+/// The holders, as the timelines name them.
+pub const NAMES: [&str; 2] = ["A", "B"];
+
 /// A holder's child: its fencing token, and the instant by which it is surely dead.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Child {
@@ -145,6 +148,14 @@ impl World {
                 ch.end = ch.end.max(now);
                 ch.stale |= newer_runs;
             }
+        }
+    }
+
+    /// The timeline's line for a property that broke between `self` and `after`, if one did.
+    pub fn newly_broken(&self, after: &World) -> String {
+        match after.broken.filter(|_| self.broken.is_none()) {
+            Some(b) => format!("\n         BROKEN: {b:?}"),
+            None => String::new(),
         }
     }
 

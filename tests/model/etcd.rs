@@ -13,7 +13,7 @@ use leasewrap::clock::BootInstant;
 use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Verdict};
 use stateright::{Model, Property};
 
-use crate::common::{at, params, server_ticks, ticks, World, TTL};
+use crate::common::{at, params, server_ticks, ticks, World, NAMES, TTL};
 
 /// etcd's election timeout, in ticks (its default, 1 s).
 const ELECTION: u64 = 1;
@@ -661,8 +661,6 @@ fn answered(s: &mut State, msg: &Msg, keeper: Keeper) {
     }
 }
 
-const NAMES: [&str; 2] = ["A", "B"];
-
 impl crate::Checked for Etcd {
     fn world(s: &State) -> &World {
         &s.world
@@ -793,9 +791,7 @@ fn effects(s: &State, after: &State) -> String {
             "; the lease is revoked, the lock key deleted at {when:.2}"
         ));
     }
-    if let Some(b) = after.world.broken.filter(|_| s.world.broken.is_none()) {
-        out.push_str(&format!("\n         BROKEN: {b:?}"));
-    }
+    out.push_str(&s.world.newly_broken(&after.world));
     out
 }
 

@@ -60,7 +60,7 @@ fn etcd_the_rule_never_runs_two_children_at_once() {
             Keeper::Sidecar,
             Release::Fixed,
             faults,
-            if deep() { 30 } else { 24 },
+            if deep() { 20 } else { 24 },
         ),
     );
     run.holds(OVERLAP);
@@ -90,7 +90,7 @@ fn etcd_a_keepalive_to_every_member_never_runs_two_children_at_once_when_one_is_
             Keeper::EveryMember,
             Release::Old,
             faults,
-            if deep() { 24 } else { 16 },
+            if deep() { 20 } else { 14 },
         ),
     );
     run.holds(OVERLAP);

@@ -18,7 +18,7 @@ use leasewrap::lease::timing::{Effective, Verdict};
 use leasewrap::lease::LossReason;
 use stateright::{Model, Property};
 
-use crate::common::{at, params, ticks, World, DRIFT, TTL};
+use crate::common::{at, params, ticks, World, DRIFT, NAMES, TTL};
 
 /// tickTime, in ticks (T = 5 tickTimes, within ZooKeeper's default 2..20).
 const TICK_TIME: f64 = 2.0;
@@ -675,8 +675,6 @@ fn at_follower(s: &mut State, f: usize, d: u32, l: u32) {
     }
 }
 
-const NAMES: [&str; 2] = ["A", "B"];
-
 impl crate::Checked for Zk {
     fn world(s: &State) -> &World {
         &s.world
@@ -808,8 +806,6 @@ fn effects(s: &State, after: &State) -> String {
             "; L expires the session, the lock node goes at {when:.2}"
         ));
     }
-    if let Some(b) = after.world.broken.filter(|_| s.world.broken.is_none()) {
-        out.push_str(&format!("\n         BROKEN: {b:?}"));
-    }
+    out.push_str(&s.world.newly_broken(&after.world));
     out
 }

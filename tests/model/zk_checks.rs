@@ -49,7 +49,7 @@ fn zk_the_rule_never_runs_two_children_at_once() {
         processes: true,
         ..CUTS
     };
-    let horizon = if deep() { 30 } else { 20 };
+    let horizon = if deep() { 24 } else { 20 };
     let run = check("zk rule", zk(Rule::LookSyncCheck, faults, horizon));
     run.holds(OVERLAP);
     run.reaches(RENEWED);
@@ -70,7 +70,7 @@ fn zk_a_paused_leader_never_runs_two_children_at_once() {
     for tick_known in [true, false] {
         let model = Zk {
             tick_known,
-            ..zk(Rule::LookSyncCheck, faults, if deep() { 30 } else { 20 })
+            ..zk(Rule::LookSyncCheck, faults, if deep() { 24 } else { 20 })
         };
         let run = check(
             &format!("zk rule, leader paused, tickTime known: {tick_known}"),
