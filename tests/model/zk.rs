@@ -681,7 +681,7 @@ impl crate::Checked for Zk {
     }
 
     fn healthy(&self) -> bool {
-        self.faults.most == 0 && self.delay == 0
+        self.faults.most == 0 && self.delay == 0 && self.link_delay == 0
     }
 
     fn now(s: &State) -> u32 {

@@ -25,6 +25,7 @@ fn zk(rule: Rule, faults: Faults, horizon: u32) -> Zk {
 fn zk_holders_through_a_healthy_ensemble_never_lose_the_lease() {
     let model = Zk {
         delay: 0,
+        link_delay: 0,
         ..zk(Rule::LookSyncCheck, Faults { most: 0, ..CUTS }, 30)
     };
     let run = check("zk healthy", model);
