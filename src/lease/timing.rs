@@ -140,7 +140,7 @@ pub enum Next {
 }
 
 /// A keepalive reply: the TTL, and the raft term in its header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Kept {
     pub ttl: i64,
     pub term: u64,
@@ -184,7 +184,7 @@ pub enum Verdict {
 }
 
 /// Where the renewal in progress is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Phase {
     /// Nothing in flight; the next keepalive is due at `next_send`.
     Idle,
@@ -214,6 +214,15 @@ pub struct Schedule {
     /// There are other members to renew through: an attempt may use only half the time left,
     /// so that the next one, through another member, still has the other half.
     others: bool,
+}
+
+/// The state a model checker tells apart (tests/model): every field but the options, which are
+/// the same in all of its states and hold a float.
+impl std::hash::Hash for Schedule {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.timing.ttl, self.deadline, self.next_send).hash(h);
+        (self.phase, self.failures, self.others).hash(h);
+    }
 }
 
 impl Schedule {

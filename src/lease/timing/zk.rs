@@ -26,7 +26,7 @@ use crate::clock::BootInstant;
 use crate::lease::LossReason;
 
 /// One request of a renewal, in the order they are sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
     /// A read of the own lock node (`exists` or `getData`), answered by the member itself.
     Look,
@@ -37,7 +37,7 @@ pub enum Step {
 }
 
 /// What the server said to a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Answer {
     /// Answered without error; for Look and Check, the own node is there and ours (its czxid).
     Ok,
@@ -146,7 +146,7 @@ fn leader_slack(timeout: Duration) -> Duration {
 }
 
 /// Where the renewal in progress is. Every phase but `Idle` carries the Look's send time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Phase {
     /// Nothing in flight; the next Look is due at `next_send`.
     Idle,
@@ -205,6 +205,15 @@ pub struct ZkSchedule {
     phase: Phase,
     /// Failures since the last good renewal, for the retry schedule.
     failures: u32,
+}
+
+/// The state a model checker tells apart (tests/model): every field but the timing, which is
+/// the same in all of its states and holds a float.
+impl std::hash::Hash for ZkSchedule {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.timing.effective.ttl, self.deadline, self.next_send).hash(h);
+        (self.phase, self.failures).hash(h);
+    }
 }
 
 impl ZkSchedule {
