@@ -18,14 +18,16 @@ use crate::common::{at, params, server_ticks, ticks, World, NAMES, TTL};
 /// etcd's election timeout, in ticks (its default, 1 s).
 const ELECTION: u64 = 1;
 
-/// How the holder's keeper treats a member it left while that member's lessor still answered.
+/// Which members the holder's keeper sends keepalives to besides the one it renews through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keeper {
-    /// F14's first rule alone: the member is simply left.
+    /// F14's first rule alone: a member is simply left.
     FirstRule,
-    /// As shipped: one keepalive to it with every renewal, replies unheeded (`Sidecar`).
+    /// The keeper before the model: one keepalive with every renewal, replies unheeded, to the
+    /// last member it left while that member's lessor still answered.
     Sidecar,
-    /// A keepalive to every other member with every renewal, replies unheeded.
+    /// As shipped (`lease::etcd::session`'s echoes): a keepalive to every other member with every
+    /// renewal, replies unheeded.
     EveryMember,
 }
 

@@ -26,7 +26,7 @@ fn etcd_holders_through_a_healthy_cluster_never_lose_the_lease() {
     let model = Etcd {
         delay: 0,
         ..etcd(
-            Keeper::Sidecar,
+            Keeper::EveryMember,
             Release::Fixed,
             Faults { most: 0, ..MEMBERS },
             30,
@@ -69,7 +69,7 @@ fn etcd_the_rule_never_runs_two_children_at_once() {
 }
 
 #[test]
-fn etcd_the_shipped_sidecar_still_runs_two_children_at_once_when_a_stuck_leader_comes_back() {
+fn etcd_the_former_sidecar_alone_runs_two_children_at_once_when_a_stuck_leader_comes_back() {
     let run = check(
         "etcd sidecar, etcd < 3.5.13",
         etcd(Keeper::Sidecar, Release::Old, MEMBERS, 24),

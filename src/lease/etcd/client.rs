@@ -164,6 +164,11 @@ impl Members {
         Ok(self.conns[at].insert(conn))
     }
 
+    /// The configuration the members were dialled with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.cfg
+    }
+
     /// Whether there are other members to leave for.
     pub fn several(&self) -> bool {
         self.conns.len() > 1

@@ -13,9 +13,11 @@ use std::time::Duration;
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::timeout;
 
 use super::client::{Conn, Members};
 use crate::clock::BootInstant;
+use crate::config::EtcdConfig;
 use crate::error::Error;
 use crate::lease::keeper::trouble;
 pub use crate::lease::keeper::{lose, KeeperState};
@@ -226,40 +228,97 @@ struct EtcdLink {
     id: i64,
     own: OwnKey,
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    /// The stream's member answered a keepalive: its lessor works, whatever its raft loop does.
-    answered: bool,
-    sidecar: Option<Sidecar>,
+    /// Keepalives to the other members; none with one endpoint.
+    echoes: Option<Echoes>,
 }
 
-/// The stream to a member left while its lessor still answered: most likely one whose raft
-/// loop is stuck (etcd#15247). It goes on getting a keepalive with every renewal, its replies
-/// unheeded, because a stuck leader that comes back revokes every lease its stale lessor thinks
-/// expired (fixed only in etcd 3.5.13 and 3.4.31), the lease the quorum renews included.
-struct Sidecar {
+/// A keepalive to every other member with each renewal, replies unheeded. A leader whose raft
+/// loop was stuck revokes, when it runs again, every lease its stale lessor thinks expired, the
+/// ones the quorum renewed meanwhile included (etcd before 3.5.13 and 3.4.31). A stuck lessor
+/// still answers keepalives, so these keep its view of the lease fresh, whether or not the
+/// holder ever renewed through that member (docs/quorum.md). Each member has a task of its own,
+/// so one that does not answer never delays a renewal.
+struct Echoes {
+    /// Bumped with each renewal, with the member it went through (which needs no echo).
+    renewed: watch::Sender<(u64, usize)>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Echoes {
+    fn start(cfg: &EtcdConfig, id: i64) -> Self {
+        let (renewed, rx) = watch::channel((0, usize::MAX));
+        let tasks = (0..cfg.endpoints.len())
+            .map(|m| tokio::spawn(echo(cfg.clone(), m, id, rx.clone())))
+            .collect();
+        Self { renewed, tasks }
+    }
+
+    fn renewed_through(&self, member: usize) {
+        self.renewed.send_modify(|(n, at)| {
+            *n += 1;
+            *at = member;
+        });
+    }
+}
+
+impl Drop for Echoes {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+/// Member `m`'s echo: one keepalive, on a stream of its own, for each renewal made through
+/// another member. A stream that cannot take one at once is opened again at the next renewal.
+async fn echo(cfg: EtcdConfig, m: usize, id: i64, mut renewed: watch::Receiver<(u64, usize)>) {
+    let mut stream: Option<Echo> = None;
+    while renewed.changed().await.is_ok() {
+        let (_, at) = *renewed.borrow_and_update();
+        if at == m {
+            continue;
+        }
+        if stream.is_none() {
+            stream = Echo::open(&cfg, m, id).await;
+        }
+        if let Some(s) = stream.as_mut() {
+            if !s.nudge().await {
+                stream = None;
+            }
+        }
+    }
+}
+
+/// One echo stream, and the task that reads and drops its replies, so that the server never
+/// waits to send one.
+struct Echo {
     keeper: LeaseKeeper,
-    member: usize,
-    /// Reads and drops the replies, so that the server never waits to send one.
     drain: JoinHandle<()>,
 }
 
-impl Sidecar {
-    fn new(keeper: LeaseKeeper, mut replies: LeaseKeepAliveStream, member: usize) -> Self {
+impl Echo {
+    /// The stream to member `m`, if it opens within the dial timeout.
+    async fn open(cfg: &EtcdConfig, m: usize, id: i64) -> Option<Self> {
+        let within = cfg.dial_timeout;
+        let conn = timeout(within, Conn::dial_to(cfg, &cfg.endpoints[m..=m]))
+            .await
+            .ok()?
+            .ok()?;
+        let mut client = conn.client();
+        let (keeper, mut replies) = timeout(within, client.lease_keep_alive(id))
+            .await
+            .ok()?
+            .ok()?;
         let drain = tokio::spawn(async move { while let Ok(Some(_)) = replies.message().await {} });
-        Self {
-            keeper,
-            member,
-            drain,
-        }
+        Some(Self { keeper, drain })
     }
 
     /// One keepalive, if it can be written at once; false when the stream is no use any more.
     async fn nudge(&mut self) -> bool {
-        let now = tokio::time::timeout(Duration::ZERO, self.keeper.keep_alive()).await;
-        matches!(now, Ok(Ok(())))
+        let sent = timeout(Duration::ZERO, self.keeper.keep_alive()).await;
+        matches!(sent, Ok(Ok(())))
     }
 }
 
-impl Drop for Sidecar {
+impl Drop for Echo {
     fn drop(&mut self) {
         self.drain.abort();
     }
@@ -267,13 +326,15 @@ impl Drop for Sidecar {
 
 impl EtcdLink {
     fn new(members: Members, id: i64, own: OwnKey) -> Self {
+        let echoes = members
+            .several()
+            .then(|| Echoes::start(members.config(), id));
         Self {
             members,
             id,
             own,
             stream: None,
-            answered: false,
-            sidecar: None,
+            echoes,
         }
     }
 
@@ -309,10 +370,8 @@ impl Link for EtcdLink {
         let broken = || LinkError::Broken("the keepalive stream broke".into());
         let (keeper, _) = self.stream.as_mut().ok_or_else(broken)?;
         keeper.keep_alive().await.map_err(|_| broken())?;
-        if let Some(sidecar) = self.sidecar.as_mut() {
-            if !sidecar.nudge().await {
-                self.sidecar = None;
-            }
+        if let Some(echoes) = &self.echoes {
+            echoes.renewed_through(self.members.at());
         }
         Ok(())
     }
@@ -321,13 +380,10 @@ impl Link for EtcdLink {
         let ended = || LinkError::Broken("the keepalive stream ended".into());
         let (_, replies) = self.stream.as_mut().ok_or_else(ended)?;
         match replies.message().await {
-            Ok(Some(r)) => {
-                self.answered = r.ttl() > 0;
-                Ok(Kept {
-                    ttl: r.ttl(),
-                    term: r.header().map_or(0, |h| h.raft_term()),
-                })
-            }
+            Ok(Some(r)) => Ok(Kept {
+                ttl: r.ttl(),
+                term: r.header().map_or(0, |h| h.raft_term()),
+            }),
             Ok(None) => Err(ended()),
             Err(e) => Err(LinkError::Broken(format!(
                 "the keepalive stream failed: {e}"
@@ -355,22 +411,8 @@ impl Link for EtcdLink {
     }
 
     fn leave(&mut self) {
-        let left = self.members.at();
-        if let (Some((keeper, replies)), true) = (self.stream.take(), self.answered) {
-            if self.members.several() {
-                self.sidecar = Some(Sidecar::new(keeper, replies, left));
-            }
-        }
-        self.answered = false;
+        self.stream = None;
         self.members.leave();
-        // Back at the member it was for: that member gets the real keepalives again.
-        if self
-            .sidecar
-            .as_ref()
-            .is_some_and(|s| s.member == self.members.at())
-        {
-            self.sidecar = None;
-        }
     }
 }
 

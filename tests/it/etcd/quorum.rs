@@ -26,6 +26,7 @@ on_both_versions!(
     holder_on_a_stopped_leader_alone_is_dead_before_the_waiter_on_a_follower_starts,
     holders_through_each_member_of_a_healthy_cluster_never_lose_the_lease,
     waiter_watching_a_stalled_follower_takes_over_while_it_stays_stalled,
+    every_member_gets_a_keepalive_with_each_renewal,
 );
 
 /// leasewrap on `endpoints` for lease `job` under `prefix`, at the scenarios' TTL, logging INFO.
@@ -367,6 +368,58 @@ fn holders_through_each_member_of_a_healthy_cluster_never_lose_the_lease(v: Vers
         renewals += h.run.stderr().matches("confirming read").count();
     }
     spent.report(v, renewals);
+}
+
+/// How long the holder of the keepalive count renews.
+const ECHOED_FOR: Duration = Duration::from_secs(6);
+
+/// A holder given every member renews through the first, and sends each of the others one
+/// keepalive with each renewal, so that every lessor that still answers sees every renewal: a
+/// stuck leader that comes back then has nothing to revoke (docs/quorum.md). Counted from each
+/// member's /metrics: every member received at least one keepalive per renewal, but the first
+/// renewals while its stream opened.
+fn every_member_gets_a_keepalive_with_each_renewal(v: Version) {
+    let cluster = Cluster::start(v);
+    let prefix = etcd::unique_prefix("echoes");
+    let sb = Sandbox::new();
+    let received = |i: usize| {
+        let label = "grpc_method=\"LeaseKeepAlive\"";
+        cluster.metric(i, "grpc_server_msg_received_total", &[label])
+    };
+    let before: Vec<f64> = (0..Cluster::SIZE).map(received).collect();
+    let lw = Leasewrap::new()
+        .on_etcd(&cluster.endpoints(), &prefix)
+        .name("job")
+        .args(&FAULT_ARGS);
+    let mut h = Job::hold(lw, &sb, "h");
+    let began = Instant::now();
+    while began.elapsed() < ECHOED_FOR {
+        assert!(
+            pid_alive(h.child()),
+            "the holder's child stopped\n{}",
+            h.run.stderr()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    h.release();
+    h.finish_with(0);
+    let renewals = h.run.stderr().matches("confirming read").count() as f64;
+    assert!(
+        renewals >= 4.0,
+        "only {renewals} renewals\n{}",
+        h.run.stderr()
+    );
+    for (i, before) in before.iter().enumerate() {
+        let got = received(i) - before;
+        eprintln!(
+            "etcd {} member {i}: {got} keepalives for {renewals} renewals",
+            v.number()
+        );
+        assert!(
+            got >= renewals - 2.0,
+            "member {i} got {got} keepalives for {renewals} renewals"
+        );
+    }
 }
 
 /// Requests the whole cluster has served, by kind, from each member's /metrics.
