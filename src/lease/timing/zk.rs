@@ -109,9 +109,24 @@ impl ZkTiming {
         timeout: Duration,
         tick: Option<Duration>,
     ) -> Result<Self, DoesNotFit> {
-        let effective = params.effective_unchecked(timeout);
+        Self::checked(params.effective_unchecked(timeout), tick)
+    }
+
+    /// The values in force once a reconnect negotiated the shorter `timeout`: kill-after and
+    /// margin stay as they were (the watchdog already counts with them), only the TTL shrinks.
+    pub fn shortened(&self, timeout: Duration, tick: Option<Duration>) -> Result<Self, DoesNotFit> {
+        let effective = Effective {
+            ttl: timeout,
+            ..self.effective
+        };
+        Self::checked(effective, tick)
+    }
+
+    /// The timing for `effective`, if the rule holds for it.
+    fn checked(effective: Effective, tick: Option<Duration>) -> Result<Self, DoesNotFit> {
+        let timeout = effective.ttl;
         let tick = tick.unwrap_or(timeout / 2);
-        let pings = Duration::from_secs_f64((tick / 2).as_secs_f64() * (1.0 + params.drift));
+        let pings = Duration::from_secs_f64((tick / 2).as_secs_f64() * (1.0 + effective.drift));
         let z = ZkTiming {
             effective,
             relay: pings + leader_slack(timeout),
@@ -205,6 +220,8 @@ pub struct ZkSchedule {
     phase: Phase,
     /// Failures since the last good renewal, for the retry schedule.
     failures: u32,
+    /// The ensemble's tickTime, when it told it: the PING bound of a shortened timeout.
+    tick: Option<Duration>,
 }
 
 /// The state a model checker tells apart (tests/model): every field but the timing, which is
@@ -233,6 +250,7 @@ impl ZkSchedule {
             next_send: t_connect + timing.renew_every(),
             phase: Phase::Idle,
             failures: 0,
+            tick,
         })
     }
 
@@ -334,18 +352,36 @@ impl ZkSchedule {
         };
     }
 
-    /// A reconnect negotiated `timeout` (zero: the session is gone). A longer one only lengthens
-    /// what the leader allows, so the rule keeps counting with the shortest. A shorter one would
-    /// shorten the leader's expiry at the next touch (its update replaces, never extends), by an
-    /// amount no send time tells: the lease is lost.
-    pub fn renegotiated(&mut self, timeout: Duration) -> Result<(), LossReason> {
+    /// The session was moved (or reconnected) by a connect request sent at `t_send` and answered
+    /// with the negotiated `timeout` (zero: the session is gone). A longer timeout changes nothing:
+    /// the leader's expiry only grew. A shorter one replaced the leader's expiry when the member
+    /// revalidated the session (at or after `t_send`), and every later touch counts with it: `D`
+    /// comes down to `t_send + timeout/(1+drift) - margin` if that is sooner, and the renewals go
+    /// on with the shorter timeout, or the lease is lost when the rule does not hold for it. The
+    /// lowered `D` stands either way: the watchdog must kill by it.
+    pub fn reconnected(
+        &mut self,
+        t_send: BootInstant,
+        timeout: Duration,
+    ) -> Result<(), LossReason> {
         if timeout.is_zero() {
             return Err(LossReason::SessionExpired);
         }
-        if timeout < self.timing.effective.ttl {
-            return Err(LossReason::TimeoutShortened(timeout));
+        if timeout >= self.timing.effective.ttl {
+            return Ok(());
         }
-        Ok(())
+        let lost = LossReason::TimeoutShortened(timeout);
+        let (timing, fits) = match self.timing.shortened(timeout, self.tick) {
+            Ok(t) => (t, true),
+            Err(DoesNotFit(t)) => (t, false),
+        };
+        self.deadline = self.deadline.min(timing.deadline(t_send));
+        self.timing = timing;
+        if fits {
+            Ok(())
+        } else {
+            Err(lost)
+        }
     }
 
     /// True while no renewal is in progress.
@@ -537,18 +573,49 @@ mod tests {
     }
 
     #[test]
-    fn a_longer_timeout_on_reconnecting_changes_nothing_a_shorter_one_loses() {
+    fn a_longer_timeout_on_reconnecting_changes_nothing() {
         let mut s = session();
-        assert_eq!(s.renegotiated(Duration::from_secs(6)), Ok(()));
+        assert_eq!(s.reconnected(at(1_000), Duration::from_secs(6)), Ok(()));
         assert_near(s.deadline(), d(0));
+        assert_eq!(s.timing().effective.ttl, Duration::from_secs(4));
         assert_eq!(
-            s.renegotiated(ms(3_000)),
-            Err(LossReason::TimeoutShortened(ms(3_000)))
-        );
-        assert_eq!(
-            s.renegotiated(Duration::ZERO),
+            s.reconnected(at(1_000), Duration::ZERO),
             Err(LossReason::SessionExpired)
         );
+    }
+
+    #[test]
+    fn a_shorter_timeout_on_reconnecting_brings_d_down_to_the_reconnect_and_goes_on_with_it() {
+        let mut s = session();
+        assert_eq!(renew(&mut s, 1_000, 5), Verdict::Extended(d(1_000)));
+        // Reconnected at 1.5 s with 2.5 s: the leader's expiry is now 1.5 s + 2.5 s at the least,
+        // sooner than 1 s + 4 s. D = 1.5 s + 2.5 s / 1.1 - 400 ms (the margin stays).
+        assert_eq!(s.reconnected(at(1_500), ms(2_500)), Ok(()));
+        let lowered = at(1_500) + Duration::from_nanos(2_272_727_272) - ms(400);
+        assert_near(s.deadline(), lowered);
+        assert_eq!(s.timing().effective.ttl, ms(2_500));
+        assert_eq!(s.timing().effective.kill_after, ms(800));
+        // The keeper sees the state change as a failure, and the next Look goes out at once;
+        // that renewal counts with 2.5 s: D from its Look + 2.5 s / 1.1 - 400 ms.
+        s.failed(at(1_510));
+        assert_eq!(s.next(at(1_510)), ZkNext::Send(Step::Look));
+        let extended = at(1_510) + Duration::from_nanos(2_272_727_272) - ms(400);
+        let Verdict::Extended(renewed) = renew(&mut s, 1_510, 5) else {
+            panic!("the renewal after the reconnect extends D")
+        };
+        assert_near(renewed, extended);
+    }
+
+    #[test]
+    fn a_shorter_timeout_the_rule_cannot_work_with_loses_and_still_brings_d_down() {
+        let mut s = session();
+        assert_eq!(
+            s.reconnected(at(1_000), ms(1_000)),
+            Err(LossReason::TimeoutShortened(ms(1_000)))
+        );
+        // 1 s + 1 s / 1.1 - 400 ms: before the child's stop is done, SIGKILL comes at this D.
+        let lowered = at(1_000) + Duration::from_nanos(909_090_909) - ms(400);
+        assert_near(s.deadline(), lowered);
     }
 
     #[test]
