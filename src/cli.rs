@@ -253,7 +253,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub once_per: Option<Duration>,
 
-    /// How long a run record is kept after its run ends (with --once or --once-per): 1s to 10y, and at least the --once-per slot [default: 7d, or twice the --once-per slot when that is longer]
+    /// How long a run record is kept after its run ends (only with --once or --once-per; without them it is refused, 64): 1s to 10y, and at least the --once-per slot [default: 7d, or twice the --once-per slot when that is longer]
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub keep: Option<Duration>,
 

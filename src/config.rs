@@ -212,6 +212,11 @@ fn once(args: &RunArgs, now: SystemTime) -> Result<Option<Once>, Error> {
                 "--max-attempts counts the runs of a KEY: give --once KEY or --once-per DUR".into(),
             ))
         }
+        (None, None) if args.keep.is_some() => {
+            return Err(Error::Usage(
+                "--keep says how long a KEY's run record is kept: give --once KEY or --once-per DUR, or leave --keep out".into(),
+            ))
+        }
         (None, None) => return Ok(None),
     };
     let keep = crate::runs::keep_of(args.keep, args.once_per).map_err(Error::Usage)?;

@@ -221,7 +221,7 @@ impl Target {
                 "COMMAND ended with {code}; {} was left as it was",
                 dest.display()
             );
-            crate::log::end(&why, false);
+            crate::log::end(&why, crate::log::Ending::Error);
             return Ok(Err(code));
         }
         temp.file

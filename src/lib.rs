@@ -228,7 +228,7 @@ fn usage_error(e: clap::Error, args: &[OsString]) -> Exit {
     let e = error::Error::Usage(line);
     // The command line did not say how to log: the defaults, so that the journal gets it too.
     log::init(&cli::LogArgs::default());
-    log::end(&e, false);
+    log::end(&e, log::Ending::Refused);
     Exit::Code(e.code(ExitCodes::default()))
 }
 
@@ -285,7 +285,12 @@ fn first_line(text: &str) -> String {
 fn fail(e: error::Error, codes: ExitCodes) -> Exit {
     // A skip (the lease held, or KEY done) is what a fleet does every night: not an error, and
     // as quiet as a success. A lost lease was also logged, with its token, when it was noticed.
-    log::end(&e, e.is_skip());
+    let how = match e {
+        error::Error::Usage(_) | error::Error::Config(_) => log::Ending::Refused,
+        _ if e.is_skip() => log::Ending::Skip,
+        _ => log::Ending::Error,
+    };
+    log::end(&e, how);
     Exit::Code(e.code(codes))
 }
 

@@ -390,13 +390,6 @@ const LEASE_VARS: &[LeaseVar] = &[
             _ => None,
         },
     },
-    // What etcdctl reads, so that an etcdctl the child runs talks to the same cluster. TLS and
-    // auth variables are not made up for it: a password never reaches the child.
-    LeaseVar {
-        name: "ETCDCTL_ENDPOINTS",
-        own: false,
-        value: |cfg, _| etcd(cfg).map(|e| e.endpoints.join(",")),
-    },
     LeaseVar {
         name: "LEASEWRAP_PREFIX",
         own: false,

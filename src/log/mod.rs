@@ -38,7 +38,7 @@ pub const MAN_SECTION: &[(&str, &str)] = &[
     ),
     (
         "LEASEWRAP_LOG",
-        "Overrides -q and -v: a level (debug) or target=level directives separated by commas (leasewrap=debug,h2=info). Anything else gets one warning naming LEASEWRAP_LOG, and the default applies.",
+        "Overrides -q and -v: a level (debug) or target=level directives separated by commas (leasewrap=debug,h2=info). Anything else gets one warning naming LEASEWRAP_LOG, and the default applies. A usage or configuration error (64, 78) is shown whatever it says, off included.",
     ),
     (
         "Why a run ended",
@@ -63,7 +63,7 @@ pub fn init(args: &LogArgs) {
     // An empty LEASEWRAP_LOG counts as unset, as the other variables do.
     let (filter, bad) = match std::env::var(FILTER_VAR).ok().filter(|t| !t.is_empty()) {
         Some(text) => match parse_filter(&text) {
-            Some(filter) => (filter, None),
+            Some(filter) => (filter.with_target(ALWAYS, LevelFilter::ERROR), None),
             None => (only_ours(default), Some(text)),
         },
         None => (only_ours(default), None),
@@ -92,14 +92,28 @@ pub fn init(args: &LogArgs) {
 /// line (no time, no level), as flock, timeout and etcdctl print theirs.
 pub const END: &str = "leasewrap::end";
 
-/// Say why the run ended: an error (shown even with `-q`), or (`skip`: the lease held, the wait
-/// run out, KEY done) the expected outcome on every host but the one that ran the job, as quiet as
-/// a success: its exit status says it, and `-v` shows the line.
-pub fn end(message: &dyn std::fmt::Display, skip: bool) {
-    if skip {
-        tracing::info!(target: END, "{message}");
-    } else {
-        tracing::error!(target: END, "{message}");
+/// The target of the end line of a usage or configuration error: shown whatever `LEASEWRAP_LOG`
+/// says (`off` included), since nothing ran and nothing else would say why.
+const ALWAYS: &str = "leasewrap::end::always";
+
+/// How an end line is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The lease held, the wait run out, KEY done: the expected outcome on every host but the one
+    /// that ran the job, as quiet as a success (its exit status says it; `-v` shows the line).
+    Skip,
+    /// An error: shown even with `-q`.
+    Error,
+    /// A usage or configuration error: shown even where `LEASEWRAP_LOG` silences everything.
+    Refused,
+}
+
+/// Say why the run ended.
+pub fn end(message: &dyn std::fmt::Display, how: Ending) {
+    match how {
+        Ending::Skip => tracing::info!(target: END, "{message}"),
+        Ending::Error => tracing::error!(target: END, "{message}"),
+        Ending::Refused => tracing::error!(target: ALWAYS, "{message}"),
     }
 }
 
@@ -117,7 +131,7 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> std::fmt::Result {
-        if event.metadata().target() != END {
+        if !event.metadata().target().starts_with(END) {
             return self.0.format_event(ctx, writer, event);
         }
         writeln!(writer, "leasewrap: {}", message(event))

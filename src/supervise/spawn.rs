@@ -117,7 +117,7 @@ fn c_string(bytes: Vec<u8>) -> io::Result<CString> {
 }
 
 /// Start the child in a process group of its own, dying with this thread (PR_SET_PDEATHSIG), its
-/// signal mask empty and SIGPIPE back to the default; its pid once it has exec'd. The error is
+/// signal mask empty and every signal's action the default; its pid once it has exec'd. The error is
 /// the exec's (ENOENT, EACCES, ...) when it could not, and then the child is already reaped.
 pub fn spawn(program: Program, extra_env: Vec<(String, String)>) -> io::Result<Pid> {
     let exec = Exec::new(program, extra_env)?;
@@ -153,9 +153,7 @@ pub fn spawn(program: Program, extra_env: Vec<(String, String)>) -> io::Result<P
 /// The child's own settings, before it execs.
 fn before_exec(parent: Pid) -> nix::Result<()> {
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
-    // SAFETY: the child has a copy of the watchdog's signal actions (no CLONE_SIGHAND): this
-    // changes the child's alone. SIGPIPE is ignored in leasewrap, and ignoring survives exec.
-    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }?;
+    default_dispositions();
     // The watchdog's blocked signals would be inherited across exec: unblock them all.
     SigSet::empty().thread_set_mask()?;
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -164,6 +162,21 @@ fn before_exec(parent: Pid) -> nix::Result<()> {
         return Err(nix::errno::Errno::ESRCH);
     }
     Ok(())
+}
+
+/// Every signal back to its default action, as systemd starts a service: an ignored signal stays
+/// ignored across exec, and SIGPIPE is ignored in leasewrap, SIGINT and SIGHUP in one started
+/// from `nohup` or a shell's background job. The signals leasewrap forwards, and the stop signal,
+/// must do to the child what they say.
+fn default_dispositions() {
+    for sig in Signal::iterator() {
+        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
+            // SAFETY: the child has a copy of the watchdog's signal actions (no CLONE_SIGHAND):
+            // this changes the child's alone, and installs no handler. sigaction is
+            // async-signal-safe; it cannot fail for a valid signal other than KILL and STOP.
+            let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+        }
+    }
 }
 
 /// execve, which returns only when it fails: then its errno.

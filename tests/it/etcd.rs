@@ -79,6 +79,7 @@ on_both_versions!(
     no_wait_on_a_held_lease_exits_75_and_leaves_no_key,
     bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_leaves_no_key,
     sigterm_while_waiting_exits_143_starts_nothing_and_removes_the_key,
+    a_job_that_gives_etcdctl_endpoints_runs_and_the_users_etcdctl_variables_reach_it,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -355,7 +356,6 @@ fn fencing_token_is_the_lock_keys_create_revision(v: Version) {
         ("LEASEWRAP_LEASE_ID", lease_hex.clone()),
         ("LEASEWRAP_NAME", "job".to_owned()),
         ("LEASEWRAP_ENDPOINTS", etcd.endpoint()),
-        ("ETCDCTL_ENDPOINTS", etcd.endpoint()),
         ("LEASEWRAP_PREFIX", prefix.clone()),
     ];
     assert_child_env_has(&env, &expect);
@@ -367,6 +367,51 @@ fn fencing_token_is_the_lock_keys_create_revision(v: Version) {
     assert!(
         lease_is_gone(etcd, &lease_hex),
         "the lease was not revoked on exit"
+    );
+}
+
+/// Scripts written for `etcdctl lock` give etcdctl `--endpoints`; etcdctl exits when a variable
+/// and its flag are both given, so leasewrap must set no ETCDCTL_* variable of its own. A variable
+/// the user set in leasewrap's environment still reaches the child.
+fn a_job_that_gives_etcdctl_endpoints_runs_and_the_users_etcdctl_variables_reach_it(v: Version) {
+    let etcd = etcd::shared(v);
+    let prefix = etcd::unique_prefix("etcdctl_flag");
+    let etcdctl = v.etcdctl();
+    let script = format!(
+        "{} --endpoints \"$LEASEWRAP_ENDPOINTS\" get --prefix --keys-only \"$LEASEWRAP_PREFIX\" \
+         && printf 'endpoints=%s dial=%s\\n' \"${{ETCDCTL_ENDPOINTS-unset}}\" \"$ETCDCTL_DIAL_TIMEOUT\"",
+        q(&etcdctl)
+    );
+    let out = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
+        .name("job")
+        .shell(&script)
+        .output();
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout.contains(&format!("{prefix}job/")),
+        "etcdctl --endpoints in the job lists the own lock key: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("endpoints=unset dial=\n"),
+        "no ETCDCTL_* variable made up for the child: {}",
+        out.stdout
+    );
+
+    let out = Leasewrap::new()
+        .on_etcd(&etcd.endpoint(), &prefix)
+        .name("job")
+        .env("ETCDCTL_DIAL_TIMEOUT", "3s")
+        .shell(&script)
+        .output();
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout.contains("dial=3s"),
+        "the user's ETCDCTL_DIAL_TIMEOUT reaches the child: {}{}",
+        out.stdout,
+        out.stderr
     );
 }
 

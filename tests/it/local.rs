@@ -306,6 +306,52 @@ fn sighup_reaches_child_and_grandchild_and_the_waiter_takes_over_at_once() {
     stop_signal_reaches_the_tree_and_hands_over(Signal::SIGHUP);
 }
 
+/// Started from `nohup` or as a shell's background job, leasewrap has SIGHUP, SIGINT and SIGQUIT
+/// ignored, and an ignored signal stays ignored across exec: the child must get every signal's
+/// default action all the same, or the signal leasewrap forwards does nothing and the child is
+/// killed only after kill-after.
+#[test]
+fn a_child_gets_default_signal_actions_though_leasewrap_was_started_with_them_ignored() {
+    let forwarded = [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ];
+    for sig in [Signal::SIGINT, Signal::SIGHUP] {
+        let sb = Sandbox::new();
+        let pid_file = sb.path("child.pid");
+        let child = format!("{}; exec sleep 60", atomically("echo $$", &pid_file));
+        let mut run = sb
+            .leasewrap()
+            .name("ignored")
+            .args(&["--kill-after", "30s", "--ttl", "60s"])
+            .ignoring(&forwarded)
+            .cmd(&["sh", "-c", &child])
+            .spawn();
+        let pid = read_pid(&pid_file, STARTUP);
+        let _guard = KillOnDrop(vec![pid]);
+        wait_until(STARTUP, "the child to exec sleep", || comm(pid) == "sleep");
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("child's status");
+        let ignored = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .expect("SigIgn in the child's status");
+        // Signals 1 to 31; 32 and up are the C library's and real-time ones, which a program's
+        // own C library sets up.
+        assert_eq!(
+            ignored & 0x7fff_ffff,
+            0,
+            "the child ignores no standard signal: SigIgn {ignored:016x}"
+        );
+        run.kill(sig);
+        // kill-after is 30 s: only the forwarded signal itself ends the child within the bound.
+        run.wait_timeout(STARTUP);
+        assert_signaled(&run, sig);
+    }
+}
+
 /// A holder whose child ignores SIGTERM and has started a daemon (setsid + double fork,
 /// also ignoring SIGTERM): the pids of leasewrap's whole tree.
 #[test]

@@ -153,3 +153,59 @@ fn fenced_write_without_a_token_says_where_the_token_comes_from() {
     assert_exit(&out, 0);
     assert_eq!(std::fs::read_to_string(&dest).unwrap(), "data");
 }
+
+/// LEASEWRAP_LOG=off silences leasewrap's logs, not its refusals: a usage error (64) or a
+/// configuration error (78) starts nothing, and nothing else would say why.
+#[test]
+fn usage_and_configuration_errors_reach_stderr_even_with_leasewrap_log_off() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-such-password");
+    let cases: [(&[&str], i32); 2] = [
+        (&["--tll", "3", "--", "true"], 64),
+        (
+            &[
+                "--endpoints",
+                "http://127.0.0.1:1",
+                "--password-file",
+                missing.to_str().expect("utf-8 path"),
+                "--user",
+                "u",
+                "--",
+                "true",
+            ],
+            78,
+        ),
+    ];
+    for (args, code) in cases {
+        let out = sb
+            .leasewrap()
+            .name("x")
+            .env("LEASEWRAP_LOG", "off")
+            .args(args)
+            .output();
+        assert_exit(&out, code);
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{args:?}: one line on stderr: {:?}",
+            out.stderr
+        );
+        assert!(
+            lines[0].starts_with("leasewrap: "),
+            "{args:?}: {:?}",
+            lines[0]
+        );
+    }
+}
+
+/// --keep says how long a run record is kept; without --once or --once-per there is none, and an
+/// option that cannot apply is refused, never ignored.
+#[test]
+fn keep_without_once_or_once_per_is_refused() {
+    let line = refused(&["--name", "x", "--keep", "1d", "--", "true"]);
+    assert!(
+        line.contains("--keep") && line.contains("--once"),
+        "the line names --keep and what it needs: {line}"
+    );
+}

@@ -183,6 +183,8 @@ pub struct Leasewrap {
     user: Option<user::User>,
     /// Start it in a process group of its own, as a job-control shell starts a job.
     own_group: bool,
+    /// Start it with these signals ignored, as `nohup` or a shell's background job does.
+    ignored: Vec<Signal>,
 }
 
 impl Default for Leasewrap {
@@ -203,6 +205,7 @@ impl Leasewrap {
             input: Input::Null,
             own_group: false,
             user: None,
+            ignored: Vec::new(),
         }
     }
 
@@ -276,6 +279,13 @@ impl Leasewrap {
         self
     }
 
+    /// Starts leasewrap with `signals` ignored, as `nohup` (SIGHUP) and a shell's background job
+    /// (SIGINT, SIGQUIT) start a command: an ignored signal stays ignored across exec.
+    pub fn ignoring(mut self, signals: &[Signal]) -> Self {
+        self.ignored.extend_from_slice(signals);
+        self
+    }
+
     /// Feeds `input` on stdin, then EOF (a run that exits before reading it all is fine).
     pub fn stdin(mut self, input: impl Into<Vec<u8>>) -> Self {
         self.input = Input::Bytes(input.into());
@@ -307,6 +317,7 @@ impl Leasewrap {
         if let Some(user) = self.user {
             command.uid(user.uid).gid(user.gid);
         }
+        ignore_in_child(&mut command, self.ignored.clone());
         let mut running = Running::start(command, !matches!(self.input, Input::Null));
         running._local_dir = owned_dir;
         if let Input::Bytes(bytes) = self.input {
@@ -352,6 +363,23 @@ impl Leasewrap {
 /// Runs `command` (stdin /dev/null) to its end within `bound`, and collects both streams;
 /// panics with its stderr after `bound` (and kills it on the way out).
 #[track_caller]
+/// `command` starts with `signals` ignored.
+fn ignore_in_child(command: &mut Command, signals: Vec<Signal>) {
+    if signals.is_empty() {
+        return;
+    }
+    // SAFETY: between fork and exec the closure only calls sigaction, which is
+    // async-signal-safe, and allocates nothing (the list was moved in before the fork).
+    unsafe {
+        command.pre_exec(move || {
+            for &sig in &signals {
+                nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn)?;
+            }
+            Ok(())
+        });
+    }
+}
+
 pub fn run_bounded(command: Command, bound: Duration) -> Output {
     output_within(Running::start(command, false), bound)
 }

@@ -638,9 +638,10 @@ fn every_shell_example_of_the_readme_the_docs_and_the_man_pages_runs_as_its_text
 
 /// The example of docs/fencing.md that deletes a key with etcdctl under the token's guard.
 fn etcdctl_txn_example() -> Example {
-    let found = markdown("docs/fencing.md")
-        .into_iter()
-        .find(|e| e.text.contains("etcdctl txn"));
+    let found = markdown("docs/fencing.md").into_iter().find(|e| {
+        e.text
+            .contains("etcdctl --endpoints \"$LEASEWRAP_ENDPOINTS\" txn")
+    });
     found.expect("docs/fencing.md has an etcdctl txn example")
 }
 

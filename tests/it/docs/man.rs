@@ -70,11 +70,7 @@ pub const GIVEN: &[(&str, &str)] = &[
     ),
     (
         "LEASEWRAP_ENDPOINTS, LEASEWRAP_PREFIX",
-        "where the lease lives, so that COMMAND can call leasewrap fenced-put (LEASEWRAP_ENDPOINTS on etcd only, LEASEWRAP_PREFIX on ZooKeeper too).",
-    ),
-    (
-        "ETCDCTL_ENDPOINTS",
-        "the same endpoints as LEASEWRAP_ENDPOINTS, so that an etcdctl COMMAND runs talks to the same cluster (etcd only). TLS and authentication variables are not made up for etcdctl (a password never reaches COMMAND): COMMAND inherits ETCDCTL_CACERT and the others only when leasewrap was given them.",
+        "where the lease lives, so that COMMAND can call leasewrap fenced-put (LEASEWRAP_ENDPOINTS on etcd only, LEASEWRAP_PREFIX on ZooKeeper too). leasewrap sets no ETCDCTL_* variable: etcdctl exits when a variable and its flag are both given, so an etcdctl that COMMAND runs is given --endpoints \"$LEASEWRAP_ENDPOINTS\". What leasewrap's own environment had, ETCDCTL_* included, reaches COMMAND unchanged.",
     ),
     (
         "LEASEWRAP_ZOOKEEPER",
