@@ -86,20 +86,43 @@ impl Dir {
 
     /// Owned by us or root, and writable by nobody else: nobody else can plant or swap files.
     fn check_state(&self) -> Result<(), Error> {
+        match self.others_can_replace(false)? {
+            Some(why) => Err(refused(&self.path, &why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why another user could plant or swap a file in this directory, if one could: it is owned
+    /// by someone other than us or root, or writable by group or others. With `sticky_will_do`,
+    /// a sticky directory (/tmp) is writable by all the same: there nobody else can remove or
+    /// rename a file of ours. The one rule for every directory leasewrap writes in.
+    pub fn others_can_replace(&self, sticky_will_do: bool) -> Result<Option<String>, Error> {
         let st = nix::sys::stat::fstat(&self.fd).map_err(|e| self.config(e))?;
         let euid = nix::unistd::geteuid().as_raw();
-        if st.st_uid != euid && st.st_uid != 0 {
-            let why = format!("is owned by uid {}, not by uid {euid} or root", st.st_uid);
-            return Err(refused(&self.path, &why));
-        }
-        if st.st_mode & 0o022 != 0 {
-            let why = format!(
-                "is writable by group or others (mode {:o}); chmod go-w it",
-                st.st_mode & 0o7777
-            );
-            return Err(refused(&self.path, &why));
-        }
-        Ok(())
+        let mode = st.st_mode & 0o7777;
+        let sticky = sticky_will_do && mode & 0o1000 != 0;
+        Ok(if st.st_uid != euid && st.st_uid != 0 {
+            Some(format!(
+                "is owned by uid {}, not by uid {euid} or root",
+                st.st_uid
+            ))
+        } else if mode & 0o022 != 0 && !sticky {
+            let fix = if sticky_will_do {
+                "chmod +t or go-w"
+            } else {
+                "chmod go-w"
+            };
+            let not_sticky = if sticky_will_do {
+                " and not sticky"
+            } else {
+                ""
+            };
+            Some(format!(
+                "is writable by group or others{not_sticky} (mode {mode:o}); {fix} it"
+            ))
+        } else {
+            None
+        })
     }
 
     pub fn path(&self) -> &Path {

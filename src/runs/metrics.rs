@@ -146,22 +146,11 @@ pub fn check_place(path: &Path) -> Result<(), Error> {
     let refused =
         |why: String| Error::Config(format!("refusing --metrics-file {}: {why}", path.display()));
     let dir = Dir::containing(path)?;
-    let st = nix::sys::stat::fstat(dir.fd())
-        .map_err(|e| Error::Config(format!("{}: {e}", dir.path().display())))?;
+    if let Some(why) = dir.others_can_replace(true)? {
+        let folder = dir.path().display();
+        return Err(refused(format!("its folder {folder} {why}")));
+    }
     let euid = nix::unistd::geteuid().as_raw();
-    let folder = dir.path().display();
-    if st.st_uid != euid && st.st_uid != 0 {
-        return Err(refused(format!(
-            "its folder {folder} is owned by uid {}, who can replace the file",
-            st.st_uid
-        )));
-    }
-    if st.st_mode & 0o022 != 0 && st.st_mode & 0o1000 == 0 {
-        return Err(refused(format!(
-            "its folder {folder} is writable by group or others and not sticky (mode {:o}), so another user can replace the file; chmod +t or go-w it",
-            st.st_mode & 0o7777
-        )));
-    }
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     match dir.stat(&name) {
         None => Ok(()),
