@@ -10,6 +10,8 @@
 //! - `lease`: taking, keeping and giving back a lease on any backend; knows no processes.
 //! - `lease::backend`: the one interface of a backend (lease, records, status, fenced-put).
 //! - `lease::keeper`: what a keeper task publishes of its lease (`D`, trouble, loss).
+//! - `lease::report`: what a backend reports of a lease (holder, token, waiters), and the holder
+//!   record; below the backends and `status`, which renders it.
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
 //! - `lease::timing::zk`: ZooKeeper's rule: a Look, a Sync after the leader's PING bound, a Check.
 //! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.
@@ -44,6 +46,7 @@
 //! - `notify`: sd_notify messages for systemd.
 //! - `log`: tracing on stderr; quiet success; the bare line that says why a run ended.
 //! - `log::journal`: native journal entries when stderr is the journal.
+//! - `text`: the one escaping rule for untrusted text printed, and argv as a shell types it.
 //! - `usage`: bad usage in one line: clap's errors rephrased to say what to do.
 
 pub mod cli;
@@ -60,6 +63,7 @@ pub mod run;
 pub mod runs;
 pub mod status;
 pub mod supervise;
+pub mod text;
 pub mod usage;
 
 use std::ffi::OsString;

@@ -12,10 +12,10 @@ use tracing::{debug, error, info, warn};
 use crate::config::{self, Backend, Config, EtcdConfig, Wait};
 use crate::error::Error;
 use crate::lease::backend::{self, Lessor};
+use crate::lease::report::Holder;
 use crate::lease::{Held, LeaseEvent, LossReason};
 use crate::notify::Notifier;
 use crate::runs::book::Book;
-use crate::status::Holder;
 use crate::supervise::protocol::ToWatchdog;
 use crate::supervise::{self, ChildSpec, Event, Exit, Forked, Lease, Supervisor};
 

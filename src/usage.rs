@@ -9,7 +9,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
 
 use crate::cli::Cli;
-use crate::status::{printable, shell_words};
+use crate::text::{printable, shell_words};
 
 /// The line for `e`, which clap gave for `args` (argv, program name first), when it has a better
 /// one than clap's own first line.

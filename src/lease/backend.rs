@@ -11,11 +11,11 @@ use std::os::fd::BorrowedFd;
 use std::pin::Pin;
 use std::time::Duration;
 
+use super::report::LeaseStatus;
 use super::{Held, LeaseEvent};
 use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::runs::{RunRecord, Unreadable, Written};
-use crate::status::LeaseStatus;
 
 /// A future of a backend's, boxed.
 pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod etcd;
 pub mod keeper;
 pub mod local;
+pub mod report;
 pub mod timing;
 pub mod zk;
 

@@ -60,7 +60,7 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for Journal {
             .is_some_and(|s| send(s, &entry).is_ok());
         if !sent {
             // One write, so that a line is not split among other writers of the stream.
-            let line = format!("<{priority}>{}\n", fields.text());
+            let line = format!("<{priority}>{}\n", crate::text::printable(&fields.text()));
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
     }
@@ -117,6 +117,13 @@ impl Fields {
     }
 }
 
+/// `text` by the one escaping rule, its lines kept: the journal stores a message of several
+/// lines as it is, and shows each line as a line.
+fn journal_printable(text: &str) -> String {
+    let lines: Vec<String> = text.split('\n').map(crate::text::printable).collect();
+    lines.join("\n")
+}
+
 /// The entry in journald's native format: `KEY=value` lines, or for a value with a newline
 /// `KEY`, a newline, its length as 64-bit little endian, the value and a newline.
 fn entry(priority: u8, fields: &Fields, known: &Known) -> Vec<u8> {
@@ -134,7 +141,7 @@ fn entry(priority: u8, fields: &Fields, known: &Known) -> Vec<u8> {
     };
     field("PRIORITY", &priority.to_string());
     field("SYSLOG_IDENTIFIER", "leasewrap");
-    field("MESSAGE", &fields.text());
+    field("MESSAGE", &journal_printable(&fields.text()));
     let token = known.token.map(|t| t.to_string());
     let lease = known.lease.map(|l| format!("{l:x}"));
     let ours = [

@@ -76,12 +76,23 @@ pub fn init(args: &LogArgs) {
         _ if journal.is_some() => registry.with(journal).init(),
         LogFormat::Text => {
             let lines = Lines(fmt::format().with_target(false).with_ansi(false));
-            registry.with(fmt.event_format(lines)).init()
+            registry
+                .with(fmt.event_format(Escaped(lines, crate::text::printable)))
+                .init()
         }
-        LogFormat::Json => registry.with(fmt.json().flatten_event(true)).init(),
+        LogFormat::Json => {
+            let json = fmt::format().json().flatten_event(true).with_target(false);
+            let escaped = Escaped(json, crate::text::json_printable);
+            registry
+                .with(
+                    fmt.fmt_fields(fmt::format::JsonFields::new())
+                        .event_format(escaped),
+                )
+                .init()
+        }
     }
     if let Some(text) = bad {
-        let text = crate::status::printable(&text);
+        let text = crate::text::printable(&text);
         tracing::warn!(
             "{FILTER_VAR}: \"{text}\" is not a filter (write a level like debug, or target=level directives like leasewrap=debug,h2=info); using the default, {default}"
         );
@@ -135,6 +146,30 @@ where
             return self.0.format_event(ctx, writer, event);
         }
         writeln!(writer, "leasewrap: {}", message(event))
+    }
+}
+
+/// A line of another format, with every character the one escaping rule (`escape`) would
+/// escape escaped: a server's error text, a record's field or a path quoted in a message never
+/// reaches the terminal raw, whichever format writes it. The line's own newline stays.
+struct Escaped<F>(F, fn(&str) -> String);
+
+impl<S, N, F> FormatEvent<S, N> for Escaped<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let body = line.strip_suffix('\n').unwrap_or(&line);
+        writeln!(writer, "{}", (self.1)(body))
     }
 }
 

@@ -10,8 +10,8 @@ use super::Written;
 use crate::config::Config;
 use crate::error::Error;
 use crate::lease::Held;
-use crate::status::printable;
 use crate::supervise::Exit;
+use crate::text::printable;
 
 /// The account of one invocation.
 pub struct Book<'a> {

@@ -1,19 +1,21 @@
 //! `leasewrap status`: who holds a lease, with which token, for how long still, and how many
 //! wait. Reads only: it never takes, changes or creates a lease, a key, a file or a directory.
 //!
-//! Each backend turns what it stores into [`LeaseStatus`] values (its `lease::backend::Reader`);
-//! this module prints them as aligned text or JSON and chooses the exit status.
+//! Each backend turns what it stores into `lease::report::LeaseStatus` values (its
+//! `lease::backend::Reader`); this module prints them as aligned text or JSON and chooses the
+//! exit status.
 
 mod runs;
 
-use std::ffi::OsString;
 use std::io::Write;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::cli::StatusArgs;
 use crate::config::{self, Env};
 use crate::error::Error;
+use crate::lease::report::{Holder, LeaseStatus};
+use crate::text::{printable, shell_words};
 
 /// How `status` ends, beside the errors every subcommand shares; the man page prints this table.
 pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
@@ -31,106 +33,6 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ),
     ("125", "leasewrap itself failed"),
 ];
-
-/// One lease as `status` reports it; the JSON object of `--json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LeaseStatus {
-    /// The lease name.
-    pub name: String,
-    /// "etcd" or "local", so a script reading a mixed list knows what time_left_s means.
-    pub backend: &'static str,
-    /// Whether someone holds it now.
-    pub held: bool,
-    /// Who holds it, as the holder recorded itself; none when free or not recorded (etcdctl lock).
-    pub holder: Option<Holder>,
-    /// The holder's fencing token; none when free.
-    pub token: Option<u64>,
-    /// Seconds until etcd expires the holder's lease; none on the local backend and when free.
-    pub time_left_s: Option<i64>,
-    /// The TTL etcd granted the holder's lease, for reading `time_left_s`.
-    pub ttl_s: Option<i64>,
-    /// Processes queued behind the holder; none when they cannot be counted.
-    pub waiters: Option<u64>,
-    /// The holder's lock key (etcd) or the lock file (local).
-    pub key: Option<String>,
-    /// Why the lock file was refused (a link, a FIFO, ...); then nothing else is known.
-    pub refused: Option<String>,
-    /// The last runs recorded by --once, newest first (at most [`runs::LAST`]).
-    pub runs: Vec<crate::runs::RunRecord>,
-    /// What stands at a record's place and is not a record (at most [`runs::LAST`]).
-    pub unreadable_runs: Vec<crate::runs::Unreadable>,
-}
-
-/// The record a holder leaves in its lock key or lock file: written by `run`, read by `status`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Holder {
-    /// Host name of the holding leasewrap.
-    pub host: String,
-    /// Pid of the holding leasewrap (not of its child).
-    pub pid: u32,
-    /// The command it runs, as argv.
-    pub command: Vec<String>,
-    /// When it took the lease, in seconds since the Unix epoch (as every time `status` gives).
-    pub start: f64,
-}
-
-impl Holder {
-    /// This process, about to hold a lease to run `command`.
-    pub fn this_process(command: &[OsString]) -> Holder {
-        let host = nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let start = crate::runs::record::unix_seconds(std::time::SystemTime::now());
-        Holder {
-            host,
-            pid: std::process::id(),
-            command: command
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect(),
-            start,
-        }
-    }
-
-    /// The record as stored: one JSON object. (Strings and numbers always serialize.)
-    pub fn to_record(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// The record in `bytes`, if it is one; an `etcdctl lock` key holds an empty value.
-    pub fn parse(bytes: &[u8]) -> Option<Holder> {
-        serde_json::from_slice(bytes).ok()
-    }
-}
-
-impl LeaseStatus {
-    /// A lease that nobody holds.
-    pub(crate) fn free(name: &str, backend: &'static str) -> LeaseStatus {
-        LeaseStatus {
-            name: name.to_owned(),
-            backend,
-            held: false,
-            holder: None,
-            token: None,
-            time_left_s: None,
-            ttl_s: None,
-            waiters: Some(0),
-            key: None,
-            refused: None,
-            runs: Vec::new(),
-            unreadable_runs: Vec::new(),
-        }
-    }
-
-    /// A lease whose lock file was refused, for `why`.
-    pub(crate) fn refused(name: &str, backend: &'static str, why: String) -> LeaseStatus {
-        LeaseStatus {
-            waiters: None,
-            refused: Some(why),
-            ..LeaseStatus::free(name, backend)
-        }
-    }
-}
 
 /// Print the status; exit 0 when NAME is held, 1 when it is free, 0 for a listing. With
 /// `--once KEY` (or `--once-per DUR`, the KEY a run would use now): exit 0 when KEY of NAME is
@@ -260,6 +162,15 @@ pub(crate) fn align<const N: usize>(rows: &[[String; N]]) -> String {
     out
 }
 
+/// The holder's command as recorded: the program, and how many arguments it left out.
+fn command(h: &Holder) -> String {
+    match h.args {
+        0 => shell_words(&h.command),
+        1 => format!("{} (1 argument not recorded)", shell_words(&h.command)),
+        n => format!("{} ({n} arguments not recorded)", shell_words(&h.command)),
+    }
+}
+
 fn row(l: &LeaseStatus) -> [String; 8] {
     if let Some(why) = &l.refused {
         let q = || "?".to_owned();
@@ -282,7 +193,7 @@ fn row(l: &LeaseStatus) -> [String; 8] {
         _ => dash(),
     };
     let holder = match (&l.holder, l.held) {
-        (Some(h), true) => [h.host.clone(), h.pid.to_string(), shell_words(&h.command)],
+        (Some(h), true) => [h.host.clone(), h.pid.to_string(), command(h)],
         (None, true) => ["?".into(), "?".into(), "?".into()],
         _ => [dash(), dash(), dash()],
     };
@@ -297,38 +208,6 @@ fn row(l: &LeaseStatus) -> [String; 8] {
         pid,
         command,
     ]
-}
-
-/// `text` with every character that does not print as itself (controls, escape sequences, bidi
-/// and other format characters) written as `\u{..}`: a name from a directory listing, a holder
-/// or run record never drives the terminal. The one rule for every untrusted field printed.
-pub fn printable(text: &str) -> String {
-    let shows_as_itself = |c: char| matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1;
-    text.chars()
-        .map(|c| {
-            if shows_as_itself(c) {
-                c.to_string()
-            } else {
-                format!("\\u{{{:x}}}", c as u32)
-            }
-        })
-        .collect()
-}
-
-/// argv as a shell would need it typed: words with anything unusual in single quotes.
-pub(crate) fn shell_words(argv: &[String]) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
-    let words: Vec<String> = argv
-        .iter()
-        .map(|a| {
-            if !a.is_empty() && a.chars().all(plain) {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect();
-    words.join(" ")
 }
 
 #[cfg(test)]
@@ -353,7 +232,8 @@ mod tests {
         let holder = Holder {
             host: "web1".into(),
             pid: 4242,
-            command: vec!["./report.sh".into(), "--since".into(), "last week".into()],
+            command: vec!["./my report.sh".into()],
+            args: 2,
             start: 0.0,
         };
         let leases = [
@@ -367,7 +247,7 @@ mod tests {
             lines,
             [
                 "NAME            STATE  TOKEN  TIME LEFT  WAITERS  HOST  PID   COMMAND",
-                "nightly-report  held   42     7s         ?        web1  4242  ./report.sh --since 'last week'",
+                "nightly-report  held   42     7s         ?        web1  4242  './my report.sh' (2 arguments not recorded)",
                 "b               free   -      -          0        -     -     -",
                 "c               held   42     -          ?        ?     ?     ?",
             ]
@@ -394,16 +274,6 @@ mod tests {
     }
 
     #[test]
-    fn holder_records_parse_and_other_values_do_not() {
-        let rec = br#"{"host":"h","pid":7,"command":["a","b"],"start":1700000000}"#;
-        assert_eq!(Holder::parse(rec).map(|h| h.pid), Some(7));
-        let me = Holder::this_process(&["./job".into(), "x y".into()]);
-        assert_eq!(Holder::parse(&me.to_record()), Some(me));
-        assert_eq!(Holder::parse(b""), None);
-        assert_eq!(Holder::parse(b"not json"), None);
-    }
-
-    #[test]
     fn every_error_status_can_end_with_is_in_its_table() {
         let errors = [
             Error::Usage(String::new()),
@@ -416,19 +286,5 @@ mod tests {
             let c = e.code(crate::error::ExitCodes::default()).to_string();
             assert!(EXIT_STATUS_TABLE.iter().any(|(s, _)| *s == c), "{c}");
         }
-    }
-
-    #[test]
-    fn text_output_shows_control_and_format_characters_escaped() {
-        assert_eq!(printable("job"), "job");
-        assert_eq!(printable("sh -c 'a \"b\"'"), "sh -c 'a \"b\"'");
-        assert_eq!(printable("e\x1b[2Jx\x07"), r"e\u{1b}[2Jx\u{7}");
-        assert_eq!(printable("jo\u{202e}b\u{200b}"), r"jo\u{202e}b\u{200b}");
-    }
-
-    #[test]
-    fn shell_words_quote_only_what_needs_it() {
-        let argv = ["a".into(), "it's".into(), String::new(), "x=1".into()];
-        assert_eq!(shell_words(&argv), r"a 'it'\''s' '' x=1");
     }
 }

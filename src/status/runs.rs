@@ -1,11 +1,13 @@
 //! Run records in `leasewrap status`: the last runs of each lease listed, and `status --once KEY`.
 //! Reads only, like the rest of `status`.
 
-use super::{align, json_line, print, printable, LeaseStatus};
+use super::{align, json_line, print};
 use crate::config::check_key;
 use crate::error::Error;
 use crate::lease::backend::Reader;
+use crate::lease::report::LeaseStatus;
 use crate::runs::{time_text, Outcome, RunRecord, Unreadable};
+use crate::text::printable;
 
 /// How many runs are shown per lease.
 pub const LAST: usize = 10;

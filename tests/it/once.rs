@@ -58,6 +58,7 @@ on_every_backend!(
     bad_once_input_exits_64_with_one_line_and_acquires_nothing,
     a_foreign_record_exits_78_and_runs_nothing,
     a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_status,
+    a_damaged_records_text_reaches_no_terminal_raw_in_any_log_format,
     status_lists_the_runs_of_names_nobody_holds_with_every_time_in_unix_seconds,
     keep_beyond_its_bound_or_shorter_than_the_slot_exits_64_naming_the_bound,
     without_keep_a_once_per_slot_longer_than_a_week_is_kept_twice_the_slot,
@@ -1149,6 +1150,38 @@ fn a_record_with_a_time_out_of_range_exits_78_releases_the_lease_and_shows_in_st
             .unwrap_or_else(|| panic!("{end}: no row for {key}:\n{}", listed.stdout));
         assert!(row.contains("run record"), "{row}");
         assert_exit(&fleet.status(&["--once", &key]), 78);
+    }
+    assert!(fleet.runs().is_empty(), "{:?}", fleet.runs());
+}
+
+/// An outcome that is an escape sequence (the window title, a screen clear) comes back in the
+/// parser's "unknown variant" message: every line leasewrap prints shows it escaped, from a run
+/// and from `status --once`, as text and as JSON.
+fn a_damaged_records_text_reaches_no_terminal_raw_in_any_log_format(on: On) {
+    let fleet = Fleet::new(on, "escapes");
+    let record = record_ending(&fleet, "k", "1700000000").replace(
+        r#""outcome":"ran-ok""#,
+        r#""outcome":"\u001b]0;PWNED\u0007\u001b[2J\u202e""#,
+    );
+    fleet.plant_record("k", &record);
+    let raw = |text: &str| text.contains(['\u{1b}', '\u{7}', '\u{202e}']);
+    for format in ["text", "json"] {
+        let out = fleet
+            .lw()
+            .args(&["--log-format", format, "--once", "k"])
+            .cmd(&fleet.job("ran", 0))
+            .output();
+        assert_exit(&out, 78);
+        assert!(out.stderr.contains("PWNED"), "{format}: {:?}", out.stderr);
+        assert!(
+            !raw(&out.stderr),
+            "{format}: a raw control: {:?}",
+            out.stderr
+        );
+        let status = fleet.status(&["--log-format", format, "--once", "k"]);
+        assert_exit(&status, 78);
+        let printed = status.stdout + &status.stderr;
+        assert!(!raw(&printed), "{format}: status --once: {printed:?}");
     }
     assert!(fleet.runs().is_empty(), "{:?}", fleet.runs());
 }

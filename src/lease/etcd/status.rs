@@ -8,7 +8,7 @@ use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOp
 
 use crate::config::EtcdConfig;
 use crate::error::Error;
-use crate::status::{Holder, LeaseStatus};
+use crate::lease::report::{Holder, LeaseStatus};
 use tokio::sync::OnceCell;
 
 use super::client::Conn;

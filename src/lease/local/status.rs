@@ -14,8 +14,8 @@ use super::{lock_name, runs, token_name};
 use crate::error::Error;
 use crate::files::{self, Dir, RECORD_MAX};
 use crate::lease::backend::{self, Boxed};
+use crate::lease::report::{Holder, LeaseStatus};
 use crate::runs::{RunRecord, Unreadable};
-use crate::status::{Holder, LeaseStatus};
 
 const BACKEND: &str = "local";
 

@@ -13,8 +13,8 @@ use super::{lock, runs};
 use crate::config::ZkConfig;
 use crate::error::Error;
 use crate::lease::backend::{self, Boxed};
+use crate::lease::report::{Holder, LeaseStatus};
 use crate::runs::{RunRecord, Unreadable};
-use crate::status::{Holder, LeaseStatus};
 
 const BACKEND: &str = "zookeeper";
 
