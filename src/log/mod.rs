@@ -19,7 +19,7 @@ use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::Targets;
-use tracing_subscriber::fmt::format::{Format, Full, Writer};
+use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{self, FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::registry::LookupSpan;
@@ -75,19 +75,22 @@ pub fn init(args: &LogArgs) {
     match args.log_format {
         _ if journal.is_some() => registry.with(journal).init(),
         LogFormat::Text => {
-            let lines = Lines(fmt::format().with_target(false).with_ansi(false));
-            registry
-                .with(fmt.event_format(Escaped(lines, crate::text::printable)))
-                .init()
+            let lines = Lines {
+                format: fmt::format().with_target(false).with_ansi(false),
+                escape: crate::text::printable,
+                bare_end: true,
+            };
+            registry.with(fmt.event_format(lines)).init()
         }
         LogFormat::Json => {
-            let json = fmt::format().json().flatten_event(true).with_target(false);
-            let escaped = Escaped(json, crate::text::json_printable);
+            let lines = Lines {
+                format: fmt::format().json().flatten_event(true).with_target(false),
+                escape: crate::text::json_printable,
+                bare_end: false,
+            };
+            let fields = fmt::format::JsonFields::new();
             registry
-                .with(
-                    fmt.fmt_fields(fmt::format::JsonFields::new())
-                        .event_format(escaped),
-                )
+                .with(fmt.fmt_fields(fields).event_format(lines))
                 .init()
         }
     }
@@ -128,33 +131,18 @@ pub fn end(message: &dyn std::fmt::Display, how: Ending) {
     }
 }
 
-/// The text format: tracing's own lines, and the bare line for [`END`].
-struct Lines(Format<Full>);
-
-impl<S, N> FormatEvent<S, N> for Lines
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> std::fmt::Result {
-        if !event.metadata().target().starts_with(END) {
-            return self.0.format_event(ctx, writer, event);
-        }
-        writeln!(writer, "leasewrap: {}", message(event))
-    }
+/// Lines of tracing's own format `F`, with the bare line for [`END`] in the text format, and
+/// every character the one escaping rule (`escape`) would escape escaped: a server's error text,
+/// a record's field or a path quoted in a message never reaches the terminal raw, whichever
+/// format writes it. The line's own newline stays.
+struct Lines<F> {
+    format: F,
+    escape: fn(&str) -> String,
+    /// Whether [`END`] lines are the bare `leasewrap: MESSAGE` (text) or of the format (JSON).
+    bare_end: bool,
 }
 
-/// A line of another format, with every character the one escaping rule (`escape`) would
-/// escape escaped: a server's error text, a record's field or a path quoted in a message never
-/// reaches the terminal raw, whichever format writes it. The line's own newline stays.
-struct Escaped<F>(F, fn(&str) -> String);
-
-impl<S, N, F> FormatEvent<S, N> for Escaped<F>
+impl<S, N, F> FormatEvent<S, N> for Lines<F>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -167,9 +155,14 @@ where
         event: &Event<'_>,
     ) -> std::fmt::Result {
         let mut line = String::new();
-        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        if self.bare_end && event.metadata().target().starts_with(END) {
+            line = format!("leasewrap: {}", message(event));
+        } else {
+            self.format
+                .format_event(ctx, Writer::new(&mut line), event)?;
+        }
         let body = line.strip_suffix('\n').unwrap_or(&line);
-        writeln!(writer, "{}", (self.1)(body))
+        writeln!(writer, "{}", (self.escape)(body))
     }
 }
 
