@@ -295,11 +295,11 @@ pub struct ConnArgs {
     #[arg(long, value_name = "P")]
     pub prefix: Option<String>,
 
-    /// CA bundle to verify etcd's certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]
+    /// CA bundle to verify etcd's certificate, or ZooKeeper's on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]
     #[arg(long, value_name = "FILE")]
     pub cacert: Option<PathBuf>,
 
-    /// Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]
+    /// Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]
     #[arg(long, value_name = "FILE")]
     pub cert: Option<PathBuf>,
 
@@ -307,13 +307,17 @@ pub struct ConnArgs {
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
 
-    /// etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]
+    /// etcd or ZooKeeper user, or USER:PASSWORD as etcdctl takes it; on ZooKeeper the identity that owns what leasewrap creates [env: LEASEWRAP_USER, ETCDCTL_USER]
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
 
     /// File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
+
+    /// How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]
+    #[arg(long, value_name = "SCHEME", value_parser = ["digest", "sasl"])]
+    pub zk_auth: Option<String>,
 
     /// Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]
     #[arg(long, value_name = "DUR")]

@@ -64,13 +64,25 @@ pub enum Backend {
 pub struct ZkConfig {
     /// The connect string as ZooKeeper tools spell it: `host:port,host:port[/chroot]`.
     pub connect: String,
-    /// Its members, `host:port` each, for the `conf` four-letter word.
+    /// Its members, `host:port` each, tried in turn.
     pub members: Vec<String>,
+    /// The chroot of the connect string (`/a/b`), or empty.
+    pub chroot: String,
+    /// --zk-auth sasl: the user and password are SASL DIGEST-MD5's, not the digest scheme's.
+    pub sasl: bool,
     /// Where the lock parents `ROOT/NAME` and the records `ROOT/runs` are: `/` and the prefix
     /// without its trailing `/` (`/leasewrap` by default; empty with `--prefix ''`).
     pub root: String,
     /// TLS files, user and password, the bound on reaching it: as for etcd.
     pub conn: EtcdConfig,
+}
+
+impl ZkConfig {
+    /// Whether the sessions authenticate as someone (a user, or a client certificate), who then
+    /// owns what leasewrap creates.
+    pub fn has_identity(&self) -> bool {
+        self.conn.auth.is_some() || self.conn.identity.is_some()
+    }
 }
 
 /// How to reach etcd.
@@ -377,6 +389,11 @@ pub fn backend(conn: &ConnArgs, local_dir: Option<&Path>, env: Env) -> Result<Ba
     if let Some(connect) = zookeeper(conn, env)? {
         return zk_config(&connect, conn, env).map(Backend::Zk);
     }
+    if conn.zk_auth.is_some() {
+        return Err(Error::Usage(
+            "--zk-auth is for ZooKeeper (--zookeeper); etcd and the local backend have one way to authenticate".into(),
+        ));
+    }
     let endpoints = conn
         .endpoints
         .clone()
@@ -433,17 +450,25 @@ fn zk_config(connect: &str, conn: &ConnArgs, env: Env) -> Result<ZkConfig, Error
         Some(i) => connect.split_at(i),
         None => (connect, ""),
     };
-    if chroot == "/" || chroot.ends_with('/') || chroot.contains("//") {
-        return Err(bad("the chroot is a path like /apps/jobs, not ending in /"));
+    if chroot == "/" || (!chroot.is_empty() && !zk_path_ok(chroot)) {
+        return Err(bad(
+            "the chroot is a path like /apps/jobs: no empty, . or .. segment, no trailing /",
+        ));
     }
     let members = hosts
         .split(',')
         .map(|h| check_member(h.trim()).ok_or_else(|| bad(&format!("{h:?} is not host:port"))))
         .collect::<Result<Vec<_>, _>>()?;
+    let sasl = zk_auth(conn, env)? == "sasl";
     let conn = etcd_config("127.0.0.1:2379", conn, env)?;
-    if conn.ca.is_some() || conn.identity.is_some() {
+    if conn.identity.is_some() && conn.ca.is_none() {
         return Err(Error::Usage(
-            "TLS to ZooKeeper is not supported yet: leave out --cacert, --cert and --key (and their variables) with --zookeeper".into(),
+            "--cert and --key with --zookeeper need --cacert, the CA that signed the members' certificates (TLS to ZooKeeper is on its secure client port)".into(),
+        ));
+    }
+    if sasl && conn.auth.is_none() {
+        return Err(Error::Usage(
+            "--zk-auth sasl authenticates --user with its password: give --user and --password-file".into(),
         ));
     }
     let root = zk_root(&conn.prefix).ok_or_else(|| {
@@ -455,6 +480,8 @@ fn zk_config(connect: &str, conn: &ConnArgs, env: Env) -> Result<ZkConfig, Error
     Ok(ZkConfig {
         connect: format!("{}{chroot}", members.join(",")),
         members,
+        chroot: chroot.to_owned(),
+        sasl,
         root,
         conn,
     })
@@ -470,6 +497,29 @@ fn zk_root(prefix: &str) -> Option<String> {
     }
     let bad = |s: &str| s.is_empty() || s == "." || s == ".." || s.chars().any(char::is_control);
     (!path.split('/').any(bad)).then(|| format!("/{path}"))
+}
+
+/// --zk-auth, or LEASEWRAP_ZK_AUTH: `digest` (the default) or `sasl`.
+fn zk_auth(conn: &ConnArgs, env: Env) -> Result<String, Error> {
+    let given = conn
+        .zk_auth
+        .clone()
+        .or_else(|| first(env, &["LEASEWRAP_ZK_AUTH"]));
+    match given.as_deref() {
+        None | Some("digest") => Ok("digest".into()),
+        Some("sasl") => Ok("sasl".into()),
+        Some(other) => Err(Error::Usage(format!(
+            "LEASEWRAP_ZK_AUTH: {other:?} is not digest or sasl"
+        ))),
+    }
+}
+
+/// A ZooKeeper path as ZooKeeper takes it (`PathUtils.validatePath`): absolute, no trailing
+/// `/`, no empty, `.` or `..` segment, none of the characters it refuses.
+pub fn zk_path_ok(path: &str) -> bool {
+    let refused = |c: char| matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{f000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}');
+    let segment_ok = |s: &str| !s.is_empty() && s != "." && s != ".." && !s.chars().any(refused);
+    path == "/" || (path.starts_with('/') && path[1..].split('/').all(segment_ok))
 }
 
 /// `host:port` of one member, as given.
@@ -774,6 +824,25 @@ mod tests {
             c.command,
             vec![OsString::from("/bin/sh"), "-c".into(), "echo hi".into()]
         );
+    }
+
+    #[test]
+    fn zookeeper_paths_follow_zookeepers_rule() {
+        for good in ["/", "/a", "/a/b.c", "/leasewrap/job-1"] {
+            assert!(zk_path_ok(good), "{good}");
+        }
+        for bad in [
+            "a",
+            "/a/",
+            "//a",
+            "/a//b",
+            "/a/./b",
+            "/a/../b",
+            "/a\u{1}b",
+            "/a\u{ffff}",
+        ] {
+            assert!(!zk_path_ok(bad), "{bad:?}");
+        }
     }
 
     #[test]

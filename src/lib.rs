@@ -21,9 +21,14 @@
 //! - `lease::etcd::runs`, `lease::etcd::status`, `lease::etcd::fence`: its records, status, puts.
 //! - `lease::local`: the flock backend; `lease::local::held`: its side of `lease::backend`.
 //! - `lease::local::runs`, `lease::local::status`: its run records, and `status` of its locks.
-//! - `lease::zk`: the ZooKeeper backend; `lease::zk::client`: dialling, bounds, 69/77, `conf`.
+//! - `lease::zk`: the ZooKeeper backend; `lease::zk::client`: sessions from the configuration,
+//!   bounds, 69/77, the ACL of what it creates, `conf`.
+//! - `lease::zk::wire`: ZooKeeper's packets (jute), as pure functions of bytes.
+//! - `lease::zk::net`, `lease::zk::tls`, `lease::zk::sasl`: one connection to one member, TLS,
+//!   SASL DIGEST-MD5, and the handshake.
+//! - `lease::zk::session`: a session over one member at a time: requests, watches, moves, close.
 //! - `lease::zk::lock`: the lock recipe (protected ephemeral sequential nodes, czxid token).
-//! - `lease::zk::session`: the keeper that renews `D` by `timing::zk`.
+//! - `lease::zk::keeper`: the keeper that renews `D` by `timing::zk`.
 //! - `lease::zk::runs`, `lease::zk::status`, `lease::zk::fence`: its records, status, puts.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.

@@ -197,10 +197,23 @@ async fn acquire(
             waited: format!("{:?}", match cfg.wait { Wait::For(d) => d, _ => Default::default() }),
         }),
     };
-    if result.is_err() {
-        lessor.abandon().await;
+    match result {
+        Err(Error::WaitTimedOut { name, waited }) => {
+            let unavailable = lessor.unavailable();
+            lessor.abandon().await;
+            Err(match unavailable {
+                Some(Error::Unavailable(why)) => Error::Unavailable(format!(
+                    "gave up waiting for lease {name:?} after {waited} (-w): {why}"
+                )),
+                _ => Error::WaitTimedOut { name, waited },
+            })
+        }
+        Err(e) => {
+            lessor.abandon().await;
+            Err(e)
+        }
+        ok => ok,
     }
-    result
 }
 
 /// What the lost lease, --max-runtime and the child's end add up to.
@@ -335,7 +348,11 @@ fn on_lease(cfg: &Config, token: u64, sup: &mut Supervisor, ev: LeaseEvent, endi
             sup.send(ToWatchdog::Deadline(Some(d)));
             warn!(name = %cfg.name, token, reason = %why, "renewal trouble");
         }
-        LeaseEvent::Lost(why) => {
+        LeaseEvent::Lost(why, deadline) => {
+            if let Some(d) = deadline {
+                // A loss can bring D down (a shorter session timeout): the SIGKILL comes by it.
+                sup.send(ToWatchdog::Deadline(Some(d)));
+            }
             sup.send(ToWatchdog::Stop);
             ending.lose(cfg, token, why);
         }

@@ -40,6 +40,13 @@ pub trait Lessor {
     fn abandon(&mut self) -> Boxed<'_, ()> {
         Box::pin(async {})
     }
+
+    /// Why an abandoned wait got nowhere, when it was not the lease being held: the service
+    /// did not serve (an election). Running out of the wait is then that error (69), not a
+    /// conflict (75).
+    fn unavailable(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// A lease that is ours, as its backend keeps it.
@@ -102,6 +109,11 @@ pub trait Reader {
 
     /// The names that have run records.
     fn names(&self) -> Boxed<'_, Result<Vec<String>, Error>>;
+
+    /// Done reading: give back what was opened (a ZooKeeper session).
+    fn close(&self) -> Boxed<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A write of `fenced-put`: `value` at `key`, only while `lock_key` is still the lock of the

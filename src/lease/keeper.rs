@@ -24,7 +24,7 @@ impl KeeperState {
     /// The event the run loop is told of this state.
     pub fn event(self) -> LeaseEvent {
         match (self.lost, self.trouble) {
-            (Some(why), _) => LeaseEvent::Lost(why),
+            (Some(why), _) => LeaseEvent::Lost(why, Some(self.deadline)),
             (None, Some(why)) => LeaseEvent::Trouble(why, self.deadline),
             (None, None) => LeaseEvent::Renewed(self.deadline),
         }

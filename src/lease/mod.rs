@@ -24,8 +24,9 @@ pub enum LeaseEvent {
     /// Renewals started failing, for this reason; `D` (the latest, which may have moved just
     /// before) is not moving until they recover.
     Trouble(String, BootInstant),
-    /// The lease is gone, for this reason: stop the child now.
-    Lost(LossReason),
+    /// The lease is gone, for this reason: stop the child now, and kill it by `D` at the latest
+    /// (which may have come down with the loss; none where the lease cannot lapse).
+    Lost(LossReason, Option<BootInstant>),
 }
 
 /// Why a held lease is gone, as etcd's `ErrSessionExpired` names its one reason.

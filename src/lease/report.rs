@@ -27,8 +27,16 @@ pub struct LeaseStatus {
     pub waiters: Option<u64>,
     /// The holder's lock key (etcd) or the lock file (local).
     pub key: Option<String>,
-    /// Why the lock file was refused (a link, a FIFO, ...); then nothing else is known.
+    /// Why the lock file was refused (a link, a FIFO, ...), or the lease could not be read (its
+    /// ACL admits other identities); then nothing else is known.
     pub refused: Option<String>,
+    /// Whether `refused` is a permission the server denied (77) rather than a file refused (78).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
+    /// Nodes under the lock parent shaped as lock nodes that are not (no session owns them):
+    /// never waited for, never the holder.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
     /// The last runs recorded by --once, newest first (at most `status`'s LAST).
     pub runs: Vec<crate::runs::RunRecord>,
     /// What stands at a record's place and is not a record (at most `status`'s LAST).
@@ -95,8 +103,18 @@ impl LeaseStatus {
             waiters: Some(0),
             key: None,
             refused: None,
+            denied: false,
+            ignored: Vec::new(),
             runs: Vec::new(),
             unreadable_runs: Vec::new(),
+        }
+    }
+
+    /// A lease that the server would not let this identity read.
+    pub fn denied(name: &str, backend: &'static str, why: String) -> LeaseStatus {
+        LeaseStatus {
+            denied: true,
+            ..LeaseStatus::refused(name, backend, why)
         }
     }
 

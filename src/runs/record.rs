@@ -265,6 +265,29 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// The most records one sweep reads, so that a write costs a bounded number of reads however
+/// many records a name has (`--once-per 1m` keeps some 10,000 over a week's --keep). Each sweep
+/// starts at a random place among them, so every record is looked at in time.
+pub const SWEEP_READS: usize = 64;
+
+/// The names (files, nodes) of `records` whose keep time had passed when another of them ended, that one
+/// having ended no later than `now`: the end of a run recorded earlier, not this host's clock
+/// alone, shows that the keep time is over. A clock far ahead of every record (a faked or
+/// mis-set clock) then deletes nothing that the records themselves do not show expired, and a
+/// record that ended "in the future" is no witness.
+pub fn confirmed_expired(records: &[(String, RunRecord)], now: f64) -> Vec<&str> {
+    let newest = records
+        .iter()
+        .map(|(_, r)| r.end)
+        .filter(|&end| end <= now)
+        .fold(f64::NEG_INFINITY, f64::max);
+    records
+        .iter()
+        .filter(|(_, r)| r.keep_until < newest)
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,5 +403,35 @@ mod tests {
             let json = serde_json::to_string(&o).unwrap();
             assert_eq!(json, format!("\"{}\"", o.as_str()));
         }
+    }
+    fn ending(key: &str, end: f64, keep_until: f64) -> RunRecord {
+        RunRecord {
+            key: key.into(),
+            end,
+            keep_until,
+            ..record(Outcome::Failed, 1)
+        }
+    }
+
+    #[test]
+    fn only_a_record_whose_keep_time_passed_before_another_ended_is_expired() {
+        let day = 86400.0;
+        let records = [
+            ("a.json".to_owned(), ending("a", 10.0 * day, 17.0 * day)),
+            ("b.json".to_owned(), ending("b", 20.0 * day, 27.0 * day)),
+            ("c.json".to_owned(), ending("c", 21.0 * day, 28.0 * day)),
+        ];
+        assert_eq!(confirmed_expired(&records, 22.0 * day), ["a.json"]);
+        // The clock 30 days ahead: c's end is the newest witness, and a alone had expired by it.
+        assert_eq!(confirmed_expired(&records, 52.0 * day), ["a.json"]);
+        // A record from "the future" witnesses nothing.
+        assert_eq!(
+            confirmed_expired(&records[..2], 15.0 * day),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            confirmed_expired(&records[..1], 99.0 * day),
+            Vec::<&str>::new()
+        );
     }
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::cli::StatusArgs;
 use crate::config::{self, Env};
 use crate::error::Error;
+use crate::lease::backend::Reader;
 use crate::lease::report::{Holder, LeaseStatus};
 use crate::text::{printable, shell_words};
 
@@ -50,16 +51,23 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
     }
     let backend = config::backend(&args.conn, args.local_dir.as_deref(), env)?;
     let reader = crate::lease::backend::reader(&backend);
+    let shown = show(args, name, &*reader).await;
+    reader.close().await;
+    shown
+}
+
+/// [`run`], once the backend is known.
+async fn show(args: &StatusArgs, name: Option<&str>, reader: &dyn Reader) -> Result<u8, Error> {
     if let Some(key) = once_key(args)? {
         let name = name.ok_or_else(|| Error::Usage("status --once KEY needs NAME".into()))?;
-        return runs::once(&*reader, name, &key, args.json).await;
+        return runs::once(reader, name, &key, args.json).await;
     }
     let mut leases = reader.leases(name).await?;
-    runs::fill(&*reader, &mut leases, name.is_none()).await?;
+    runs::fill(reader, &mut leases, name.is_none()).await?;
     let text = match (args.json, name) {
         (true, Some(_)) => json_line(&leases[0])?,
         (true, None) => json_line(&leases)?,
-        (false, _) => table(&leases) + &runs::table(&leases),
+        (false, _) => table(&leases) + &ignored(&leases) + &runs::table(&leases),
     };
     print(&text)?;
     refusals(&leases)?;
@@ -69,7 +77,23 @@ pub async fn run(args: &StatusArgs, env: Env<'_>) -> Result<u8, Error> {
     })
 }
 
-/// Everything the listing shows as refused or unreadable, as one error line.
+/// A line for each node that has a lock node's name and is not one.
+fn ignored(leases: &[LeaseStatus]) -> String {
+    let lines: Vec<String> = leases
+        .iter()
+        .flat_map(|l| l.ignored.iter().map(move |n| (l, n)))
+        .map(|(l, node)| {
+            printable(&format!(
+                "{}: {node} is not a lock node (no session owns it): never waited for\n",
+                l.name
+            ))
+        })
+        .collect();
+    lines.concat()
+}
+
+/// Everything the listing shows as refused or unreadable, as one error line: 77 when the server
+/// denied a read, else 78.
 fn refusals(leases: &[LeaseStatus]) -> Result<(), Error> {
     let whys: Vec<&str> = leases
         .iter()
@@ -78,12 +102,11 @@ fn refusals(leases: &[LeaseStatus]) -> Result<(), Error> {
             l.refused.as_deref().into_iter().chain(runs)
         })
         .collect();
-    match whys.is_empty() {
-        true => Ok(()),
-        false => Err(Error::Config(printable(&format!(
-            "shown in the listing: {}",
-            whys.join("; ")
-        )))),
+    let text = printable(&format!("shown in the listing: {}", whys.join("; ")));
+    match (whys.is_empty(), leases.iter().any(|l| l.denied)) {
+        (true, _) => Ok(()),
+        (false, true) => Err(Error::Auth(text)),
+        (false, false) => Err(Error::Config(text)),
     }
 }
 

@@ -96,7 +96,7 @@ impl backend::Lease for LocalHeld {
             loop {
                 check.tick().await;
                 if let Some(why) = self.lock.check() {
-                    return LeaseEvent::Lost(LossReason::LockFile(why));
+                    return LeaseEvent::Lost(LossReason::LockFile(why), None);
                 }
             }
         })

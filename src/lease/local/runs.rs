@@ -7,7 +7,7 @@
 //! while the lock NAME is held and still names its file.
 //!
 //! The sweep that each write makes goes by the `keep_until` inside the records, never by a
-//! file's modification time, and never by this host's clock alone (see [`confirmed_expired`]).
+//! file's modification time, and never by this host's clock alone (see `runs::record::confirmed_expired`).
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use crate::error::Error;
 use crate::files::{self, Dir, RECORD_MAX};
 use crate::runs::file::{self, Replace};
-use crate::runs::record::unix_seconds;
+use crate::runs::record::{confirmed_expired, unix_seconds, SWEEP_READS};
 use crate::runs::{RunRecord, Unreadable, Written};
 
 /// Who reaches the records, and so how far they are trusted.
@@ -130,11 +130,6 @@ pub fn write(
     Ok(Written::Stored)
 }
 
-/// The most records one sweep reads, so that a write costs a bounded number of reads however
-/// many records a name has (`--once-per 1m` keeps some 10,000 over a week's --keep). Each sweep
-/// starts at a random place among them, so every record is looked at in time.
-const SWEEP_READS: usize = 64;
-
 /// Remove the records of one name that [`confirmed_expired`] finds among [`SWEEP_READS`] of
 /// them, and temp files of writers that died: only the lock holder writes here, so under the
 /// lock every temp file is garbage. `written` (just stored) is not weighed: its `end` is this
@@ -172,24 +167,6 @@ fn sweep_from(folder: &Dir, written: &RunRecord, now: SystemTime, start: usize) 
     for name in confirmed_expired(&records, unix_seconds(now)) {
         let _ = folder.remove(name);
     }
-}
-
-/// The files of `records` whose keep time had passed when another of them ended, that one
-/// having ended no later than `now`: the end of a run recorded earlier, not this host's clock
-/// alone, shows that the keep time is over. A clock far ahead of every record (a faked or
-/// mis-set clock) then deletes nothing that the records themselves do not show expired, and a
-/// record that ended "in the future" is no witness.
-fn confirmed_expired(records: &[(String, RunRecord)], now: f64) -> Vec<&str> {
-    let newest = records
-        .iter()
-        .map(|(_, r)| r.end)
-        .filter(|&end| end <= now)
-        .fold(f64::NEG_INFINITY, f64::max);
-    records
-        .iter()
-        .filter(|(_, r)| r.keep_until < newest)
-        .map(|(name, _)| name.as_str())
-        .collect()
 }
 
 /// Every record of `name`, and what stands at a record's place and is not one, for `status`.
@@ -285,28 +262,6 @@ mod tests {
             keep_until,
             ..record(key, Duration::ZERO)
         }
-    }
-
-    #[test]
-    fn only_a_record_whose_keep_time_passed_before_another_ended_is_expired() {
-        let day = 86400.0;
-        let records = [
-            ("a.json".to_owned(), at("a", 10.0 * day, 17.0 * day)),
-            ("b.json".to_owned(), at("b", 20.0 * day, 27.0 * day)),
-            ("c.json".to_owned(), at("c", 21.0 * day, 28.0 * day)),
-        ];
-        assert_eq!(confirmed_expired(&records, 22.0 * day), ["a.json"]);
-        // The clock 30 days ahead: c's end is the newest witness, and a alone had expired by it.
-        assert_eq!(confirmed_expired(&records, 52.0 * day), ["a.json"]);
-        // A record from "the future" witnesses nothing.
-        assert_eq!(
-            confirmed_expired(&records[..2], 15.0 * day),
-            Vec::<&str>::new()
-        );
-        assert_eq!(
-            confirmed_expired(&records[..1], 99.0 * day),
-            Vec::<&str>::new()
-        );
     }
 
     #[test]

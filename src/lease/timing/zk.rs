@@ -69,23 +69,34 @@ pub struct ZkTiming {
     pub effective: Effective,
     /// Δ: on our clock, the longest the leader may take between two PINGs to a follower.
     pub relay: Duration,
+    /// Room for a renewal's three round trips (Look, Sync, Check): a rule that leaves none
+    /// would lose the lease on a healthy ensemble. It counts in the check only, never in `D`.
+    pub round_trips: Duration,
 }
 
-/// The rule `TTL/4 + Δ + kill_after + margin < TTL/(1+drift)` did not hold.
+/// The room a renewal's three round trips need, for a connect request (a session's creation:
+/// a write through the leader, as the Check is) that took `measured`: each as long as that, and
+/// at least 50 ms (a write's fsync on a busy ensemble).
+pub fn round_trip_allowance(measured: Duration) -> Duration {
+    measured.max(Duration::from_millis(50)) * 3
+}
+
+/// The rule `TTL/4 + Δ + round trips + kill_after + margin < TTL/(1+drift)` did not hold.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DoesNotFit(ZkTiming);
 
 impl fmt::Display for DoesNotFit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (z, e) = (&self.0, &self.0.effective);
-        let left = z.renew_every() + z.relay + e.kill_after + e.margin;
+        let left = z.needs();
         write!(
             f,
-            "timing does not fit: on ZooKeeper, TTL/4 ({}) + the leader's PING bound ({}) + kill-after ({}) + \
-             margin ({}) = {} must be less than TTL/(1+drift) ({} with a session timeout of {} and --drift {}); \
+            "timing does not fit: on ZooKeeper, TTL/4 ({}) + the leader's PING bound ({}) + a renewal's round trips ({}) + \
+             kill-after ({}) + margin ({}) = {} must be less than TTL/(1+drift) ({} with a session timeout of {} and --drift {}); \
              raise --ttl or lower --kill-after, --margin or --drift",
             secs(z.renew_every()),
             secs(z.relay),
+            secs(z.round_trips),
             secs(e.kill_after),
             secs(e.margin),
             secs(left),
@@ -109,7 +120,7 @@ impl ZkTiming {
         timeout: Duration,
         tick: Option<Duration>,
     ) -> Result<Self, DoesNotFit> {
-        Self::checked(params.effective_unchecked(timeout), tick)
+        Self::checked(params.effective_unchecked(timeout), tick, Duration::ZERO)
     }
 
     /// The values in force once a reconnect negotiated the shorter `timeout`: kill-after and
@@ -119,24 +130,34 @@ impl ZkTiming {
             ttl: timeout,
             ..self.effective
         };
-        Self::checked(effective, tick)
+        Self::checked(effective, tick, self.round_trips)
     }
 
-    /// The timing for `effective`, if the rule holds for it.
-    fn checked(effective: Effective, tick: Option<Duration>) -> Result<Self, DoesNotFit> {
+    /// The timing for `effective`, if the rule holds for it with `round_trips` of room.
+    fn checked(
+        effective: Effective,
+        tick: Option<Duration>,
+        round_trips: Duration,
+    ) -> Result<Self, DoesNotFit> {
         let timeout = effective.ttl;
         let tick = tick.unwrap_or(timeout / 2);
         let pings = Duration::from_secs_f64((tick / 2).as_secs_f64() * (1.0 + effective.drift));
         let z = ZkTiming {
             effective,
             relay: pings + leader_slack(timeout),
+            round_trips,
         };
-        let left = z.renew_every() + z.relay + effective.kill_after + effective.margin;
-        if left < effective.server_bound() {
+        if z.needs() < effective.server_bound() {
             Ok(z)
         } else {
             Err(DoesNotFit(z))
         }
+    }
+
+    /// What the rule adds up: TTL/4 + Δ + round trips + kill-after + margin.
+    fn needs(&self) -> Duration {
+        let e = &self.effective;
+        self.renew_every() + self.relay + self.round_trips + e.kill_after + e.margin
     }
 
     /// Time from one renewal's Look to the next one's.
@@ -243,7 +264,20 @@ impl ZkSchedule {
         timeout: Duration,
         tick: Option<Duration>,
     ) -> Result<Self, DoesNotFit> {
-        let timing = ZkTiming::new(&params, timeout, tick)?;
+        Self::connected_within(params, t_connect, timeout, tick, Duration::ZERO)
+    }
+
+    /// [`ZkSchedule::connected`], the rule checked with `round_trips` of room for a renewal's
+    /// three round trips (see [`round_trip_allowance`]).
+    pub fn connected_within(
+        params: Params,
+        t_connect: BootInstant,
+        timeout: Duration,
+        tick: Option<Duration>,
+        round_trips: Duration,
+    ) -> Result<Self, DoesNotFit> {
+        let effective = params.effective_unchecked(timeout);
+        let timing = ZkTiming::checked(effective, tick, round_trips)?;
         Ok(Self {
             timing,
             deadline: timing.deadline(t_connect),

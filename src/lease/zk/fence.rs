@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::client::{self, bounded};
 use super::runs::{self, Guarded};
+use super::session::Zk;
 use crate::config::ZkConfig;
 use crate::error::Error;
 use crate::lease::backend::{self, Boxed, GuardedPut};
@@ -27,42 +28,55 @@ impl backend::Fence for Fence<'_> {
     fn put<'a>(&'a self, put: &'a GuardedPut<'a>) -> Boxed<'a, Result<(), Error>> {
         Box::pin(async move {
             reserved(put.key, &self.cfg.root).map_err(Error::Usage)?;
-            let cfg = self.cfg;
-            let zk = client::connect(cfg, Duration::from_secs(10), false)
-                .await?
-                .client;
-            let within = cfg.conn.dial_timeout;
-            let stale = |seen: String| Error::StaleToken {
-                given: put.token,
-                seen,
-            };
-            match bounded(cfg, within, zk.check_stat(put.lock_key)).await? {
-                None => return Err(stale(gone(put.lock_key))),
-                Some(s) if s.czxid as u64 != put.token => {
-                    return Err(stale(format!(
-                        "lock node {} has czxid {} (another holder)",
-                        put.lock_key, s.czxid
-                    )))
-                }
-                Some(_) => {}
-            }
-            let value = put.value.as_bytes();
-            let create = bounded(cfg, within, zk.check_stat(put.key))
-                .await?
-                .is_none();
-            for create in [create, !create] {
-                match runs::guarded(cfg, &zk, put.lock_key, put.key, value, create).await? {
-                    Guarded::Applied => return Ok(()),
-                    Guarded::LockGone => return Err(stale(gone(put.lock_key))),
-                    Guarded::Raced => {}
-                }
-            }
-            Err(Error::Usage(format!(
-                "{}: no such node to set, and its parent does not exist to create it in",
-                put.key
-            )))
+            let zk = client::connect(self.cfg, Duration::from_secs(10), false)
+                .await
+                .map_err(|n| n.error)?
+                .zk;
+            let done = guarded_put(self.cfg, &zk, put).await;
+            zk.close(Duration::from_secs(1)).await;
+            done
         })
     }
+}
+
+/// The put on the session `zk`: the lock node must have the token as its czxid, then one multi
+/// checks it and writes (a setData, or a create when the key is not there).
+async fn guarded_put(cfg: &ZkConfig, zk: &Zk, put: &GuardedPut<'_>) -> Result<(), Error> {
+    let within = cfg.conn.dial_timeout;
+    let stale = |seen: String| Error::StaleToken {
+        given: put.token,
+        seen,
+    };
+    let (lock, _) = zk.exists(put.lock_key, false);
+    let (key, _) = zk.exists(put.key, false);
+    let (lock, key) = (
+        bounded(cfg, put.lock_key, within, lock).await?.0,
+        bounded(cfg, put.key, within, key).await?.0,
+    );
+    match lock {
+        None => return Err(stale(gone(put.lock_key))),
+        Some(s) if s.czxid as u64 != put.token => {
+            return Err(stale(format!(
+                "lock node {} has czxid {} (another holder)",
+                put.lock_key, s.czxid
+            )))
+        }
+        Some(_) => {}
+    }
+    let value = put.value.as_bytes();
+    let create = key.is_none();
+    for create in [create, !create] {
+        match runs::guarded(cfg, zk, put.lock_key, put.key, value, create).await? {
+            Guarded::Applied => return Ok(()),
+            Guarded::LockGone => return Err(stale(gone(put.lock_key))),
+            Guarded::NoParent => break,
+            Guarded::Raced => {}
+        }
+    }
+    Err(Error::Usage(format!(
+        "{}: no such node to set, and its parent does not exist to create it in",
+        put.key
+    )))
 }
 
 fn gone(lock: &str) -> String {

@@ -4,6 +4,10 @@
 //! only its predecessor. The random part (Curator's "protected" mode) finds a child again whose
 //! create was answered by a lost connection, so that no orphan blocks the queue.
 //!
+//! A child counts as a lock node only with that name and an ephemeral owner: a persistent node
+//! of the same shape (planted by another client) is never waited for. A sequence past 2^31, which
+//! ZooKeeper writes negative, still sorts after the ones before it.
+//!
 //! A waiter's own member may be a follower cut off from the leader, serving a stale view: the
 //! turn counts as come only after a `sync` and a multi with a check on the own node, which goes
 //! through the leader, both succeed. The fencing token is the own node's czxid: 64 bits, and
@@ -12,9 +16,9 @@
 
 use std::time::Duration;
 
-use zookeeper_client as zkc;
-
-use super::client::{self, bounded};
+use super::client::{self, acls, bounded};
+use super::session::{Watch, Zk, ZkError};
+use super::wire::{Code, Mode, MultiOp, Stat};
 use crate::config::ZkConfig;
 use crate::error::Error;
 
@@ -32,182 +36,180 @@ pub fn parent(cfg: &ZkConfig, name: &str) -> String {
     format!("{}/{name}", cfg.root)
 }
 
-/// The sequence of a lock node's name, if it is one (`_c_<32 hex>-lock-0000000042`).
-pub fn sequence(child: &str) -> Option<i64> {
+/// The sequence of a lock node's name, if it has the shape of one (`_c_<32 hex>-lock-` and ten
+/// digits, or `-` and ten digits once the parent's counter passed 2^31), as an unsigned number
+/// that keeps counting past 2^31.
+pub fn sequence(child: &str) -> Option<u32> {
     let (random, seq) = child.strip_prefix("_c_")?.split_once("-lock-")?;
     let random_ok = random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit());
-    let seq_ok = seq.len() >= 10 && seq.bytes().all(|b| b.is_ascii_digit());
-    (random_ok && seq_ok).then(|| seq.parse().ok()).flatten()
+    let digits = seq.strip_prefix('-').unwrap_or(seq);
+    let seq_ok = digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit());
+    (random_ok && seq_ok)
+        .then(|| seq.parse::<i32>().ok())
+        .flatten()
+        .map(|s| s as u32)
 }
 
-/// The lock nodes among `children`, lowest sequence first.
+/// The children shaped as lock nodes, lowest sequence first.
 pub fn queue(mut children: Vec<String>) -> Vec<String> {
     children.retain(|c| sequence(c).is_some());
     children.sort_by_key(|c| sequence(c));
     children
 }
 
-/// Create the own node under `name`'s parent, holding `record`; a create whose answer was lost
-/// is looked for by its random prefix before it is tried again.
-pub async fn enqueue(
-    cfg: &ZkConfig,
-    zk: &zkc::Client,
-    name: &str,
-    record: &[u8],
-) -> Result<Own, Error> {
+/// Whether `stat` is a lock node's: an ephemeral node, owned by a session.
+pub const fn is_lock_node(stat: &Stat) -> bool {
+    stat.ephemeral_owner != 0
+}
+
+/// Create the own node under `name`'s parent, holding `record`: the parent is made only when the
+/// create says it is missing. A create whose answer was lost is looked for by its random prefix
+/// (and this session as its owner) before it is tried again. With an identity, the parent's and
+/// the root's ACLs are read beside the create, and an open one is reported.
+pub async fn enqueue(cfg: &ZkConfig, zk: &Zk, name: &str, record: &[u8]) -> Result<Own, Error> {
     let parent = parent(cfg, name);
-    client::ensure_path(cfg, zk, &parent).await?;
     let prefix = format!(
         "_c_{:016x}{:016x}-lock-",
         crate::files::random_u64(),
-        crate::files::random_u64()
+        crate::files::random_u64().rotate_left(17)
     );
-    let ephemeral = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
     let path = format!("{parent}/{prefix}");
+    let acl = acls(cfg.has_identity());
     let mut last = None;
     for _ in 0..3 {
-        match bounded(
-            cfg,
-            cfg.conn.dial_timeout,
-            zk.create(&path, record, &ephemeral),
-        )
-        .await
-        {
-            Ok((stat, seq)) if !stat.is_invalid() => {
+        let create = zk.create(&path, record, &acl, Mode::EphemeralSequential);
+        let looks = report_open_parents(cfg, zk, &parent);
+        let (made, ()) = tokio::join!(client::answered(cfg, &path, create), looks);
+        match made {
+            Ok(Ok((made, stat))) => {
                 return Ok(Own {
-                    path: format!("{path}{seq}"),
+                    path: made,
                     czxid: stat.czxid,
                 })
             }
-            Ok(_) => {
-                last = Some(Error::Unavailable(
-                    "ZooKeeper answered a create with an invalid Stat (3.4 or earlier)".into(),
-                ))
-            }
-            Err(e) => last = Some(e),
+            Ok(Err(e)) if e.is(Code::NO_NODE) => client::ensure_path(cfg, zk, &parent).await?,
+            Ok(Err(e @ ZkError::ConnectionLoss(_))) => last = Some(client::failure(cfg, &path, &e)),
+            Ok(Err(e)) => return Err(client::failure(cfg, &parent, &e)),
+            Err(late) => last = Some(late),
         }
         if let Some(own) = find(cfg, zk, &parent, &prefix).await? {
             return Ok(own);
         }
     }
-    Err(last.unwrap_or_else(|| Error::Internal("creating the lock node".into())))
+    Err(last.unwrap_or_else(|| client::no_answer(cfg, &path, cfg.conn.dial_timeout)))
 }
 
-/// The child of `parent` whose name starts with `prefix`, if the create made it.
-async fn find(
-    cfg: &ZkConfig,
-    zk: &zkc::Client,
-    parent: &str,
-    prefix: &str,
-) -> Result<Option<Own>, Error> {
-    let children = bounded(cfg, cfg.conn.dial_timeout, zk.list_children(parent)).await?;
+/// With an identity: the lock parent's and the root's ACLs, an open one reported. Errors are
+/// the create's to tell.
+async fn report_open_parents(cfg: &ZkConfig, zk: &Zk, parent: &str) {
+    if !cfg.has_identity() {
+        return;
+    }
+    let root = (!cfg.root.is_empty()).then(|| cfg.root.clone());
+    let nodes: Vec<String> = root.into_iter().chain([parent.to_owned()]).collect();
+    let asks: Vec<_> = nodes.iter().map(|n| zk.get_acl(n)).collect();
+    for (node, ask) in nodes.iter().zip(asks) {
+        if let Ok(Ok(acl)) = tokio::time::timeout(cfg.conn.dial_timeout, ask).await {
+            client::warn_if_open(cfg, node, &acl);
+        }
+    }
+}
+
+/// The child of `parent` whose name starts with `prefix` and that this session owns, if an
+/// earlier create made it.
+async fn find(cfg: &ZkConfig, zk: &Zk, parent: &str, prefix: &str) -> Result<Option<Own>, Error> {
+    let (children, _) = bounded(cfg, parent, cfg.conn.dial_timeout, zk.children(parent)).await?;
     let Some(child) = children.into_iter().find(|c| c.starts_with(prefix)) else {
         return Ok(None);
     };
     let path = format!("{parent}/{child}");
-    let stat = bounded(cfg, cfg.conn.dial_timeout, zk.check_stat(&path)).await?;
-    Ok(stat.map(|s| Own {
-        path,
-        czxid: s.czxid,
-    }))
+    let (stat, _) = zk.exists(&path, false);
+    let (stat, _) = bounded(cfg, &path, cfg.conn.dial_timeout, stat).await?;
+    Ok(stat
+        .filter(|s| s.ephemeral_owner == zk.session_id())
+        .map(|s| Own {
+            path,
+            czxid: s.czxid,
+        }))
 }
 
 /// Where the own node stands in its queue.
 pub enum Place {
-    /// No lower node: the lock is ours once confirmed.
+    /// No lock node ahead: the lock is ours once confirmed.
     First,
-    /// Behind this node (the full path of the one just before).
-    Behind(String),
+    /// Behind this lock node (its full path), watched.
+    Behind(String, Watch),
     /// The own node is gone (the session expired, or someone deleted it).
     Gone,
 }
 
-/// The own node's place, from one listing of the parent (by the own member: maybe stale).
-/// Another node of the own random prefix is an earlier create of ours whose answer was lost and
-/// that a stale listing did not show: it is deleted, never waited for.
-pub async fn place(cfg: &ZkConfig, zk: &zkc::Client, own: &Own) -> Result<Place, Error> {
+/// The own node's place, from one listing of the parent (by the own member: maybe stale) and a
+/// look at the nodes ahead of it, nearest first, until one is a lock node (ephemeral), which is
+/// then watched. Another node of the own random prefix is an earlier create of ours whose answer
+/// was lost and that a stale listing did not show: it is deleted, never waited for.
+pub async fn place(cfg: &ZkConfig, zk: &Zk, own: &Own) -> Result<Place, Error> {
     let (parent, me) = own.path.rsplit_once('/').unwrap_or(("", &own.path));
-    let children = bounded(cfg, cfg.conn.dial_timeout, zk.list_children(parent)).await?;
+    let (children, _) = bounded(cfg, parent, cfg.conn.dial_timeout, zk.children(parent)).await?;
     let prefix = me.split_once("-lock-").map_or(me, |(p, _)| p);
     let (orphans, queue): (Vec<String>, Vec<String>) = queue(children)
         .into_iter()
         .partition(|c| c != me && c.starts_with(prefix));
     for orphan in orphans {
-        delete(
-            cfg,
-            zk,
-            &format!("{parent}/{orphan}"),
-            cfg.conn.dial_timeout,
-        )
-        .await;
+        delete(cfg, zk, &format!("{parent}/{orphan}")).await;
     }
     let Some(at) = queue.iter().position(|c| c == me) else {
         return Ok(Place::Gone);
     };
-    Ok(match at {
-        0 => Place::First,
-        _ => Place::Behind(format!("{parent}/{}", queue[at - 1])),
-    })
+    for ahead in queue[..at].iter().rev() {
+        let path = format!("{parent}/{ahead}");
+        let (stat, watch) = zk.exists(&path, true);
+        let (stat, _) = bounded(cfg, &path, cfg.conn.dial_timeout, stat).await?;
+        match stat {
+            Some(s) if is_lock_node(&s) => {
+                let watch = watch.expect("a watch was asked for");
+                return Ok(Place::Behind(path, watch));
+            }
+            Some(_) => {
+                tracing::debug!(node = %path, "not a lock node (persistent): not waited for")
+            }
+            // Gone since the listing: whatever was ahead of it is the next to look at.
+            None => {}
+        }
+    }
+    Ok(Place::First)
 }
 
-/// Wait until `predecessor` is gone, or `every` has passed (to look at the queue again).
-pub async fn wait_gone(
-    cfg: &ZkConfig,
-    zk: &zkc::Client,
-    predecessor: &str,
-    every: Duration,
-) -> Result<(), Error> {
-    let (stat, watcher) = bounded(
-        cfg,
-        cfg.conn.dial_timeout,
-        zk.check_and_watch_stat(predecessor),
-    )
-    .await?;
-    if stat.is_none() {
-        return Ok(());
-    }
-    let _ = tokio::time::timeout(every, watcher.changed()).await;
-    Ok(())
+/// Wait until the watched node ahead changes (is deleted), or `every` has passed.
+pub async fn wait_gone(watch: Watch, every: Duration) {
+    let _ = tokio::time::timeout(every, watch.changed()).await;
 }
 
 /// Through the leader: a `sync`, then a multi whose one op checks that the own node exists.
 /// Ok(false) when the node is gone.
-pub async fn confirm(cfg: &ZkConfig, zk: &zkc::Client, own: &Own) -> Result<bool, Error> {
-    bounded(cfg, cfg.conn.dial_timeout, zk.sync(&own.path)).await?;
+pub async fn confirm(cfg: &ZkConfig, zk: &Zk, own: &Own) -> Result<bool, Error> {
+    bounded(cfg, &own.path, cfg.conn.dial_timeout, zk.sync(&own.path)).await?;
     check(cfg, zk, &own.path, cfg.conn.dial_timeout).await
 }
 
 /// A multi with one check op on `path` (any version): a write that goes through the leader.
 /// Ok(false) when the node is not there.
-pub async fn check(
-    cfg: &ZkConfig,
-    zk: &zkc::Client,
-    path: &str,
-    within: Duration,
-) -> Result<bool, Error> {
-    let mut multi = zk.new_multi_writer();
-    multi
-        .add_check_version(path, -1)
-        .map_err(|e| Error::Internal(format!("a check of {path}: {e}")))?;
-    match tokio::time::timeout(within, multi.commit()).await {
-        Ok(Ok(_)) => Ok(true),
-        Ok(Err(zkc::MultiWriteError::OperationFailed {
-            source: zkc::Error::NoNode,
-            ..
-        })) => Ok(false),
-        Ok(Err(e)) => Err(client::failure(cfg, &e.into())),
-        Err(_) => Err(Error::Unavailable(format!(
-            "ZooKeeper at {}: no answer to a check within {within:?}",
-            cfg.connect
+pub async fn check(cfg: &ZkConfig, zk: &Zk, path: &str, within: Duration) -> Result<bool, Error> {
+    let multi = zk.multi(vec![MultiOp::Check(path.to_owned())]);
+    let (results, _) = bounded(cfg, path, within, multi).await?;
+    match results.first() {
+        Some(Ok(())) => Ok(true),
+        Some(Err(c)) if *c == Code::NO_NODE => Ok(false),
+        Some(Err(c)) => Err(client::failure(cfg, path, &ZkError::Server(*c))),
+        None => Err(Error::Unavailable(format!(
+            "ZooKeeper answered a check of {path} with nothing"
         ))),
     }
 }
 
-/// Delete the own node, so that the next waiter goes on at once; a failure only means it goes
-/// with the session.
-pub async fn delete(cfg: &ZkConfig, zk: &zkc::Client, path: &str, within: Duration) {
-    if let Err(e) = bounded(cfg, within, zk.delete(path, None)).await {
-        tracing::debug!(node = %path, error = %e, "deleting the lock node failed; it goes with the session");
+/// Delete a node of ours; a failure only means it goes with its session.
+pub async fn delete(cfg: &ZkConfig, zk: &Zk, path: &str) {
+    if let Err(e) = bounded(cfg, path, cfg.conn.dial_timeout, zk.delete(path)).await {
+        tracing::debug!(node = %path, error = %e, "deleting a lock node failed; it goes with its session");
     }
 }
 
@@ -215,9 +217,12 @@ pub async fn delete(cfg: &ZkConfig, zk: &zkc::Client, path: &str, within: Durati
 mod tests {
     use super::*;
 
+    fn node(r: char, seq: &str) -> String {
+        format!("_c_{}-lock-{seq}", r.to_string().repeat(32))
+    }
+
     #[test]
     fn the_queue_is_the_lock_nodes_by_sequence_and_nothing_named_otherwise() {
-        let node = |r: char, seq: &str| format!("_c_{}-lock-{seq}", r.to_string().repeat(32));
         let children = vec![
             node('b', "0000000012"),
             "not-a-lock".to_owned(),
@@ -232,6 +237,25 @@ mod tests {
             node('f', "0000000100"),
         ];
         assert_eq!(queue(children), want);
-        assert_eq!(sequence(&node('0', "2147483648")), Some(2_147_483_648));
+    }
+
+    /// ZooKeeper writes the parent's 32-bit counter with %010d: past 2^31 it is negative.
+    #[test]
+    fn a_sequence_past_two_to_the_31_sorts_after_the_ones_before_it() {
+        let children = vec![
+            node('c', "-2147483647"),
+            node('a', "2147483646"),
+            node('b', "2147483647"),
+            node('d', "-2147483648"),
+        ];
+        let want = [
+            node('a', "2147483646"),
+            node('b', "2147483647"),
+            node('d', "-2147483648"),
+            node('c', "-2147483647"),
+        ];
+        assert_eq!(queue(children), want);
+        assert_eq!(sequence(&node('d', "-2147483648")), Some(1 << 31));
+        assert_eq!(sequence(&node('d', "-0000000001x")), None);
     }
 }

@@ -1,30 +1,41 @@
 //! The ZooKeeper backend, behind [`crate::lease::backend`]:
 //!
-//! - [`client`]: dialling, bounded requests, telling 69 from 77, and `conf`;
+//! - [`wire`]: the packets (jute), as pure functions of bytes;
+//! - [`net`], [`tls`], [`sasl`]: one connection to one member, and its handshake;
+//! - [`session`]: a session over one member at a time, its requests, watches and moves;
+//! - [`client`]: sessions from the configuration, bounds, 69/77, ACLs, `conf`;
 //! - [`lock`]: the lock recipe (ephemeral sequential nodes, predecessor watch, czxid token);
-//! - [`session`]: the keeper that renews `D` by `timing::zk::ZkSchedule`;
+//! - [`keeper`]: the keeper that renews `D` by `timing::zk::ZkSchedule`;
 //! - [`runs`], [`status`], [`fence`]: run records, `status` and `fenced-put`.
 //!
 //! This file ties them into taking and holding a lease. Each attempt is a new session: a
 //! waiter whose session or node is lost while queued starts over, and its child never starts.
-//! Nothing here touches a process, and nothing on the kill path waits for it.
+//! Every session is closed when leasewrap is done with it, which deletes its lock node: the
+//! release is one request. Nothing here touches a process, and nothing on the kill path waits
+//! for it.
 
 pub mod client;
 pub mod fence;
+mod keeper;
 mod lock;
+mod net;
 pub mod runs;
+mod sasl;
 mod session;
 pub mod status;
+mod tls;
+mod wire;
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use zookeeper_client as zkc;
 
+use self::client::{Conf, NotOpened};
+use self::keeper::Keeper;
 use self::lock::{Own, Place};
-use self::session::Keeper;
+use self::session::{Connection, Zk as Session};
 use super::backend::{self, Boxed};
-use super::timing::zk::ZkSchedule;
+use super::timing::zk::{round_trip_allowance, ZkSchedule};
 use super::timing::Params;
 use super::{Held, LeaseEvent};
 use crate::clock::BootInstant;
@@ -32,53 +43,69 @@ use crate::config::ZkConfig;
 use crate::error::Error;
 use crate::runs::{RunRecord, Written};
 
+/// How long closing a session may take before it is left to expire.
+const CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
 /// ZooKeeper, prepared for a run.
 pub struct Zk {
     cfg: ZkConfig,
     params: Params,
-    /// The ensemble's answer to `conf`, asked while the first session is opened.
-    conf: Option<JoinHandle<Option<client::Conf>>>,
-    /// tickTime, when the ensemble told it.
-    tick: Option<Duration>,
+    /// The members' answers to `conf`, asked while the first session is opened.
+    asking: Option<JoinHandle<Vec<(String, Conf)>>>,
+    conf: Vec<(String, Conf)>,
     /// The attempt in progress, to undo if it is abandoned.
     attempt: Option<Attempt>,
+    /// Why no session could be opened yet, while a waiter waits for the ensemble to serve.
+    unavailable: Option<String>,
 }
 
 /// A session with its own node queued and its lease kept.
 struct Attempt {
-    zk: zkc::Client,
-    own: Own,
-    keeper: Keeper,
+    zk: Session,
+    own: Option<Own>,
+    keeper: Option<Keeper>,
 }
 
 impl Zk {
-    /// Ask the ensemble for its tickTime, in the background; the session is opened by each
-    /// attempt.
+    /// Ask the members for `conf` in the background; the session is opened by each attempt.
     pub async fn connect(cfg: &ZkConfig, params: Params) -> Result<Self, Error> {
-        let asking = cfg.clone();
-        let conf = tokio::spawn(async move { client::conf(&asking).await });
+        client::reach(cfg)?;
+        let for_conf = cfg.clone();
+        let asking = tokio::spawn(async move { client::conf(&for_conf).await });
         Ok(Zk {
             cfg: cfg.clone(),
             params,
-            conf: Some(conf),
-            tick: None,
+            asking: Some(asking),
+            conf: Vec::new(),
             attempt: None,
+            unavailable: None,
         })
     }
 
-    /// Take the lease. Only the first session's failure to connect ends the attempt (69, 77);
-    /// once queued, a waiter rides out the ensemble's trouble (a leader election, a member cut
-    /// off) and queues again with a new session if its own was lost.
+    /// Take the lease. A waiter rides out an ensemble that does not serve (an election, a hung
+    /// member) until its wait runs out, and once queued, the ensemble's trouble too, queueing
+    /// again with a new session if its own was lost. Without a wait, or when every member
+    /// refuses (no such host or port, refused credentials), the first failure ends it.
     async fn acquire(&mut self, name: &str, record: &[u8], block: bool) -> Result<ZkHeld, Error> {
-        let mut first = true;
         loop {
             match self.queue(name, record).await {
-                Ok(()) => first = false,
-                Err(e) if first || !transient(&e) => return Err(e),
-                Err(e) => {
-                    tracing::debug!(error = %e, "queueing again failed; retrying");
+                Ok(()) => self.unavailable = None,
+                Err(Queued::NotOpened(n)) if block && n.transient => {
+                    tracing::debug!(error = %n.error, "no ZooKeeper member serves; trying again");
+                    self.unavailable = Some(n.error.to_string());
                     tokio::time::sleep(self.retry_every()).await;
                     continue;
+                }
+                Err(Queued::NotOpened(n)) => return Err(n.error),
+                Err(Queued::Failed(e)) if block && transient(&e) => {
+                    tracing::debug!(error = %e, "queueing failed; trying again");
+                    self.abandon().await;
+                    tokio::time::sleep(self.retry_every()).await;
+                    continue;
+                }
+                Err(Queued::Failed(e)) => {
+                    self.abandon().await;
+                    return Err(e);
                 }
             }
             if self.wait_turn(name, block).await? {
@@ -96,30 +123,44 @@ impl Zk {
         self.params.ttl / 10
     }
 
-    /// Open a session, check its negotiated timeout against the timing rules, create the own
-    /// node and start keeping the lease.
-    async fn queue(&mut self, name: &str, record: &[u8]) -> Result<(), Error> {
-        let session = client::connect(&self.cfg, self.params.ttl, true).await?;
-        if let Some(conf) = self.conf.take() {
-            self.tick = conf.await.ok().flatten().map(|c| c.tick);
-        }
-        let schedule =
-            ZkSchedule::connected(self.params, session.t_connect, session.timeout, self.tick)
-                .map_err(|e| Error::Usage(e.to_string()))?;
-        tracing::debug!(timeout = ?session.timeout, "ZooKeeper session opened");
-        let own = lock::enqueue(&self.cfg, &session.client, name, record).await?;
-        let keeper = Keeper::start(
-            session.client.clone(),
-            own.path.clone(),
-            own.czxid,
-            schedule,
-        );
+    /// Open a session, check its timing, create the own node and start keeping the lease.
+    async fn queue(&mut self, name: &str, record: &[u8]) -> Result<(), Queued> {
+        let session = client::connect(&self.cfg, self.params.ttl, true)
+            .await
+            .map_err(Queued::NotOpened)?;
         self.attempt = Some(Attempt {
-            zk: session.client,
-            own,
-            keeper,
+            zk: session.zk.clone(),
+            own: None,
+            keeper: None,
         });
+        let schedule = self
+            .schedule(&session.first)
+            .await
+            .map_err(Queued::Failed)?;
+        let own = lock::enqueue(&self.cfg, &session.zk, name, record)
+            .await
+            .map_err(Queued::Failed)?;
+        let keeper = Keeper::start(session.zk.clone(), own.clone(), schedule);
+        if let Some(a) = self.attempt.as_mut() {
+            a.own = Some(own);
+            a.keeper = Some(keeper);
+        }
         Ok(())
+    }
+
+    /// The schedule of a session whose first connection is `first`: the timeout in force is the
+    /// smallest any member may negotiate (those whose `conf` answered), tickTime the largest any
+    /// member told, and the rule must leave room for a renewal's round trips.
+    async fn schedule(&mut self, first: &Connection) -> Result<ZkSchedule, Error> {
+        if let Some(asking) = self.asking.take() {
+            self.conf = asking.await.unwrap_or_default();
+        }
+        let timeout = in_force(self.params.ttl, first.timeout, &self.conf);
+        let tick = self.conf.iter().map(|(_, c)| c.tick).max();
+        say_what_counts(first, timeout, tick, &self.conf, self.cfg.members.len());
+        let room = round_trip_allowance(first.round_trip);
+        ZkSchedule::connected_within(self.params, first.sent, timeout, tick, room)
+            .map_err(|e| Error::Usage(e.to_string()))
     }
 
     /// Wait for the own node's turn: true once it is first and confirmed through the leader,
@@ -130,47 +171,52 @@ impl Zk {
     /// that create, which the leader had just accepted from a live session.
     async fn wait_turn(&mut self, name: &str, block: bool) -> Result<bool, Error> {
         let (cfg, every, retry) = (&self.cfg, self.params.ttl / 4, self.params.ttl / 10);
-        let Some(a) = self.attempt.as_mut() else {
+        let Some(Attempt {
+            zk,
+            own: Some(own),
+            keeper: Some(keeper),
+        }) = self.attempt.as_mut()
+        else {
             return Ok(false);
         };
         let (mut logged, mut waited) = (false, false);
         loop {
-            if a.keeper.now().lost.is_some() {
+            if keeper.now().lost.is_some() {
                 return Ok(false);
             }
-            let step = match lock::place(cfg, &a.zk, &a.own).await {
+            let step = match lock::place(cfg, zk, own).await {
                 Ok(Place::Gone) => return Ok(false),
                 Ok(Place::First) if !waited => return Ok(true),
-                Ok(Place::First) => match lock::confirm(cfg, &a.zk, &a.own).await {
+                Ok(Place::First) => match lock::confirm(cfg, zk, own).await {
                     Ok(confirmed) => return Ok(confirmed),
                     Err(e) => Err(e),
                 },
-                Ok(Place::Behind(_)) if !block => return Err(Error::Busy { name: name.into() }),
-                Ok(Place::Behind(p)) => Ok(p),
+                Ok(Place::Behind(..)) if !block => return Err(Error::Busy { name: name.into() }),
+                Ok(Place::Behind(ahead, watch)) => {
+                    tracing::debug!(ahead = %ahead, "waiting for the lock node ahead");
+                    Ok(watch)
+                }
                 Err(e) => Err(e),
             };
             waited = true;
-            let predecessor = match step {
-                Ok(p) => p,
+            let watch = match step {
+                Ok(w) => w,
                 Err(e) if transient(&e) => {
                     tracing::debug!(error = %e, "looking at the queue failed; retrying");
                     tokio::select! {
                         () = tokio::time::sleep(retry) => {}
-                        _ = a.keeper.changed() => {}
+                        _ = keeper.changed() => {}
                     }
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             if !std::mem::replace(&mut logged, true) {
-                tracing::info!(name = %name, token_once_acquired = a.own.czxid, "waiting for the lease");
+                tracing::info!(name = %name, token_once_acquired = own.czxid, "waiting for the lease");
             }
             tokio::select! {
-                r = lock::wait_gone(cfg, &a.zk, &predecessor, every) => if let Err(e) = r {
-                    tracing::debug!(error = %e, "watching the node before ours failed; looking again");
-                    tokio::time::sleep(retry).await;
-                },
-                _ = a.keeper.changed() => {}
+                () = lock::wait_gone(watch, every) => {}
+                _ = keeper.changed() => {}
             }
         }
     }
@@ -178,28 +224,77 @@ impl Zk {
     /// After the turn came: `D` must still be ahead and the lease not lost.
     fn confirmed(&mut self) -> Option<ZkHeld> {
         let a = self.attempt.as_ref()?;
-        let state = a.keeper.now();
+        let state = a.keeper.as_ref()?.now();
         if state.lost.is_some() || BootInstant::now() >= state.stop_at {
             return None;
         }
-        let mut a = self.attempt.take()?;
-        a.keeper
-            .watch_own(a.zk.clone(), a.own.path.clone(), a.own.czxid);
+        let a = self.attempt.take()?;
+        let (own, mut keeper) = (a.own?, a.keeper?);
+        keeper.watch_own(a.zk.clone(), own.clone());
         Some(ZkHeld {
-            cfg: self.cfg.clone(),
             zk: a.zk,
-            own: a.own,
-            keeper: a.keeper,
+            cfg: self.cfg.clone(),
+            own,
+            keeper,
         })
     }
 
-    /// Undo an attempt: stop keeping its lease and delete its node.
+    /// Undo an attempt: stop keeping its lease and close its session, which deletes its node
+    /// (also one whose create was still in flight).
     async fn abandon(&mut self) {
         if let Some(a) = self.attempt.take() {
-            a.keeper.stop();
-            lock::delete(&self.cfg, &a.zk, &a.own.path, self.cfg.conn.dial_timeout).await;
+            if let Some(k) = a.keeper {
+                k.stop();
+            }
+            a.zk.close(CLOSE_WITHIN).await;
         }
     }
+}
+
+/// What stopped an attempt to queue.
+enum Queued {
+    NotOpened(NotOpened),
+    Failed(Error),
+}
+
+/// The session timeout the rule counts with: the negotiated one, or the smallest that any member
+/// whose `conf` answered would negotiate for `asked` on a reconnect, if smaller.
+fn in_force(asked: Duration, negotiated: Duration, conf: &[(String, Conf)]) -> Duration {
+    let clamp = |c: &Conf| {
+        let low = c.min_session.unwrap_or(c.tick * 2);
+        let high = c.max_session.unwrap_or(c.tick * 20).max(low);
+        asked.clamp(low, high)
+    };
+    conf.iter()
+        .map(|(_, c)| clamp(c))
+        .fold(negotiated, Duration::min)
+}
+
+/// One line (INFO) on the figures the rule counts with, and where each comes from.
+fn say_what_counts(
+    first: &Connection,
+    timeout: Duration,
+    tick: Option<Duration>,
+    conf: &[(String, Conf)],
+    members: usize,
+) {
+    let tick_from = match tick {
+        Some(_) => "conf",
+        None => {
+            "unknown (conf is not in the members' 4lw.commands.whitelist): taken as the timeout/2"
+        }
+    };
+    tracing::info!(
+        member = %first.member,
+        negotiated_ms = first.timeout.as_millis() as u64,
+        timeout_ms = timeout.as_millis() as u64,
+        tick_time_ms = tick.map(|t| t.as_millis() as u64),
+        tick_time = tick_from,
+        members_with_conf = conf.len(),
+        members,
+        connect_round_trip_ms = first.round_trip.as_secs_f64() * 1e3,
+        "ZooKeeper session: the timing rule counts with this timeout and tickTime"
+    );
 }
 
 /// A failure that a waiter waits out: the ensemble not answering, as against refused
@@ -221,7 +316,7 @@ impl backend::Lessor for Zk {
             Ok(Held::new(
                 held.own.czxid as u64,
                 held.own.path.clone(),
-                Some(held.zk.session_id().0),
+                Some(held.zk.session_id()),
                 Some(state.deadline),
                 state.stop_at.until(state.deadline),
                 Box::new(held),
@@ -232,12 +327,16 @@ impl backend::Lessor for Zk {
     fn abandon(&mut self) -> Boxed<'_, ()> {
         Box::pin(Zk::abandon(self))
     }
+
+    fn unavailable(&self) -> Option<Error> {
+        self.unavailable.clone().map(Error::Unavailable)
+    }
 }
 
 /// A lease that is ours: the session, the own node, and the keeper.
 struct ZkHeld {
+    zk: Session,
     cfg: ZkConfig,
-    zk: zkc::Client,
     own: Own,
     keeper: Keeper,
 }
@@ -247,13 +346,12 @@ impl backend::Lease for ZkHeld {
         Box::pin(async move { self.keeper.changed().await.event() })
     }
 
-    /// Delete the own node at once, so that the next waiter starts within milliseconds; the
-    /// session closes as the client is dropped.
+    /// Close the session: ZooKeeper deletes the own node with it, so that the next waiter
+    /// starts within milliseconds.
     fn release(self: Box<Self>) -> Boxed<'static, ()> {
         Box::pin(async move {
             self.keeper.stop();
-            let within = self.cfg.conn.dial_timeout.min(Duration::from_secs(1));
-            lock::delete(&self.cfg, &self.zk, &self.own.path, within).await;
+            self.zk.close(CLOSE_WITHIN).await;
         })
     }
 
@@ -271,5 +369,32 @@ impl backend::Lease for ZkHeld {
         _keep: Duration,
     ) -> Boxed<'a, Result<Written, Error>> {
         Box::pin(runs::write(&self.cfg, &self.zk, &self.own.path, record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(tick: u64, min: Option<u64>, max: Option<u64>) -> (String, Conf) {
+        let ms = Duration::from_millis;
+        let c = Conf {
+            tick: ms(tick),
+            sync_limit: None,
+            min_session: min.map(ms),
+            max_session: max.map(ms),
+        };
+        ("m:1".into(), c)
+    }
+
+    #[test]
+    fn the_timeout_in_force_is_the_smallest_any_member_would_negotiate() {
+        let s = Duration::from_secs;
+        // Negotiated 4 s; one member would give at most 1 s on a reconnect.
+        let members = [conf(200, None, Some(1_000)), conf(200, None, None)];
+        assert_eq!(in_force(s(4), s(4), &members), s(1));
+        // Defaults: [2, 20] x tickTime.
+        assert_eq!(in_force(s(10), s(4), &[conf(100, None, None)]), s(2));
+        assert_eq!(in_force(s(4), s(4), &[]), s(4));
     }
 }

@@ -1,9 +1,14 @@
 //! Run records on ZooKeeper: one persistent node per (name, KEY), `ROOT/runs/NAME/KEY` (the root
-//! being the prefix's path, `/leasewrap` by default),
-//! holding the record's JSON. A record is written in one multi whose first op checks that the
+//! being the prefix's path, `/leasewrap` by default), holding the record's JSON, with the ACL of
+//! every node leasewrap creates. A record is written in one multi whose first op checks that the
 //! writer's own lock node still exists, so a stale holder (its session expired, its node gone)
-//! is refused. ZooKeeper deletes nothing by time here (TTL nodes need extendedTypesEnabled): a
-//! record whose keep_until has passed counts as gone, as on the local backend.
+//! is refused.
+//!
+//! ZooKeeper deletes nothing by time here (TTL nodes need extendedTypesEnabled), so each write
+//! sweeps: it reads at most `SWEEP_READS` records of its name, from a random place among them,
+//! and deletes those that another record shows expired (`runs::record::confirmed_expired`, as
+//! the local backend judges: never by this host's clock alone). A record whose keep_until has
+//! passed counts as gone meanwhile. `status` reads a bounded number of records.
 //!
 //! `runs` is a valid lease name, and so its lock parent is `ROOT/runs` too: the queue
 //! counts only children named as lock nodes are (`_c_` + 32 hex digits + `-lock-` + sequence),
@@ -11,11 +16,12 @@
 
 use std::time::SystemTime;
 
-use zookeeper_client as zkc;
-
-use super::client::{self, bounded};
+use super::client::{self, acls, bounded};
+use super::session::{Zk, ZkError};
+use super::wire::{Code, MultiOp};
 use crate::config::ZkConfig;
 use crate::error::Error;
+use crate::runs::record::{confirmed_expired, unix_seconds, SWEEP_READS};
 use crate::runs::{RunRecord, Unreadable, Written};
 
 /// The folder of every name's records.
@@ -37,56 +43,62 @@ fn record_path(cfg: &ZkConfig, name: &str, key: &str) -> String {
 /// A value that is not such a record is a configuration error (78).
 pub async fn read(
     cfg: &ZkConfig,
-    zk: &zkc::Client,
+    zk: &Zk,
     name: &str,
     key: &str,
 ) -> Result<Option<RunRecord>, Error> {
+    Ok(load(cfg, zk, name, key)
+        .await?
+        .filter(|r| !r.expired(SystemTime::now())))
+}
+
+/// The record of (`name`, `key`), expired or not.
+async fn load(cfg: &ZkConfig, zk: &Zk, name: &str, key: &str) -> Result<Option<RunRecord>, Error> {
     let at = record_path(cfg, name, key);
-    let data = match bounded(cfg, cfg.conn.dial_timeout, zk.get_data(&at)).await {
+    let data = match client::answered(cfg, &at, zk.get_data(&at)).await? {
         Ok((data, _)) => data,
-        Err(_) if !exists(cfg, zk, &at).await? => return Ok(None),
-        Err(e) => return Err(e),
+        Err(e) if e.is(Code::NO_NODE) => return Ok(None),
+        Err(e) => return Err(client::failure(cfg, &at, &e)),
     };
     let record = RunRecord::parse(&data, name, key).map_err(|why| {
         Error::Config(format!(
             "run record {at} {why}: delete it by hand (zkCli.sh delete), or use another --once KEY"
         ))
     })?;
-    Ok(Some(record).filter(|r| !r.expired(SystemTime::now())))
-}
-
-async fn exists(cfg: &ZkConfig, zk: &zkc::Client, path: &str) -> Result<bool, Error> {
-    Ok(bounded(cfg, cfg.conn.dial_timeout, zk.check_stat(path))
-        .await?
-        .is_some())
+    Ok(Some(record))
 }
 
 /// Store `record` while the lock node `lock` still exists: one multi, the check first, then a
-/// setData of the record's node, or its create when it is not there yet.
+/// setData of the record's node, or its create when it is not there yet (its folder made when
+/// missing). Then the sweep.
 pub async fn write(
     cfg: &ZkConfig,
-    zk: &zkc::Client,
+    zk: &Zk,
     lock: &str,
     record: &RunRecord,
 ) -> Result<Written, Error> {
     let at = record_path(cfg, &record.name, &record.key);
-    client::ensure_path(cfg, zk, &folder(cfg, &record.name)).await?;
     let data = record.to_json();
-    let create = !exists(cfg, zk, &at).await?;
-    match guarded(cfg, zk, lock, &at, &data, create).await? {
-        Guarded::Applied => Ok(Written::Stored),
-        Guarded::LockGone => Ok(Written::Refused(format!(
-            "lock node {lock} is gone: the session that held the lease has ended"
-        ))),
-        // Created or deleted by someone else in between: try the other way once.
-        Guarded::Raced => match guarded(cfg, zk, lock, &at, &data, !create).await? {
-            Guarded::Applied => Ok(Written::Stored),
-            Guarded::LockGone => Ok(Written::Refused(format!("lock node {lock} is gone"))),
-            Guarded::Raced => Err(Error::Unavailable(format!(
-                "run record {at} kept changing under the write"
-            ))),
-        },
+    let mut create = false;
+    for _ in 0..4 {
+        match guarded(cfg, zk, lock, &at, &data, create).await? {
+            Guarded::Applied => {
+                sweep(cfg, zk, record).await;
+                return Ok(Written::Stored);
+            }
+            Guarded::LockGone => {
+                return Ok(Written::Refused(format!(
+                    "lock node {lock} is gone: the session that held the lease has ended"
+                )))
+            }
+            Guarded::NoParent => client::ensure_path(cfg, zk, &folder(cfg, &record.name)).await?,
+            // Created or deleted by someone else in between: the other way.
+            Guarded::Raced => create = !create,
+        }
     }
+    Err(Error::Unavailable(format!(
+        "run record {at} kept changing under the write"
+    )))
 }
 
 /// What a guarded multi did.
@@ -96,54 +108,105 @@ pub enum Guarded {
     LockGone,
     /// The second op failed: the node was there for a create, or not there for a setData.
     Raced,
+    /// A create's parent is not there.
+    NoParent,
 }
 
 /// The multi: check `lock`, then create or set `at` to `data`.
 pub async fn guarded(
     cfg: &ZkConfig,
-    zk: &zkc::Client,
+    zk: &Zk,
     lock: &str,
     at: &str,
     data: &[u8],
     create: bool,
 ) -> Result<Guarded, Error> {
-    let bad = |e: zkc::Error| Error::Usage(format!("{at}: {e}"));
-    let mut multi = zk.new_multi_writer();
-    multi.add_check_version(lock, -1).map_err(bad)?;
-    let persistent = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
-    match create {
-        true => multi.add_create(at, data, &persistent).map_err(bad)?,
-        false => multi.add_set_data(at, data, None).map_err(bad)?,
+    let write = match create {
+        true => MultiOp::Create {
+            path: at.to_owned(),
+            data: data.to_vec(),
+            acls: acls(cfg.has_identity()),
+        },
+        false => MultiOp::SetData {
+            path: at.to_owned(),
+            data: data.to_vec(),
+        },
+    };
+    let multi = zk.multi(vec![MultiOp::Check(lock.to_owned()), write]);
+    let (results, _) = bounded(cfg, at, cfg.conn.dial_timeout, multi).await?;
+    let failed = results.iter().enumerate().find_map(|(i, r)| {
+        r.err()
+            .filter(|c| *c != Code::OK && *c != Code::RUNTIME_INCONSISTENCY)
+            .map(|c| (i, c))
+    });
+    Ok(match failed {
+        None => Guarded::Applied,
+        Some((0, _)) => Guarded::LockGone,
+        Some((_, Code::NODE_EXISTS)) => Guarded::Raced,
+        Some((_, Code::NO_NODE)) if create => Guarded::NoParent,
+        Some((_, Code::NO_NODE)) => Guarded::Raced,
+        Some((_, code)) => return Err(client::failure(cfg, at, &ZkError::Server(code))),
+    })
+}
+
+/// After `written` was stored: read a window of its name's other records and delete those that
+/// the records show expired. Best effort: a failure leaves them for the next write.
+async fn sweep(cfg: &ZkConfig, zk: &Zk, written: &RunRecord) {
+    let Ok(mut keys) = children(cfg, zk, &folder(cfg, &written.name)).await else {
+        return;
+    };
+    keys.retain(|k| *k != written.key);
+    keys.sort_unstable();
+    let start = (crate::files::random_u64() as usize)
+        .checked_rem(keys.len())
+        .unwrap_or(0);
+    let window: Vec<&String> = keys
+        .iter()
+        .cycle()
+        .skip(start)
+        .take(keys.len().min(SWEEP_READS))
+        .collect();
+    let loads: Vec<_> = window
+        .iter()
+        .map(|k| load(cfg, zk, &written.name, k))
+        .collect();
+    let mut records = Vec::new();
+    for (key, load) in window.into_iter().zip(loads) {
+        if let Ok(Some(record)) = load.await {
+            records.push((key.clone(), record));
+        }
     }
-    let within = cfg.conn.dial_timeout;
-    match tokio::time::timeout(within, multi.commit()).await {
-        Ok(Ok(_)) => Ok(Guarded::Applied),
-        Ok(Err(zkc::MultiWriteError::OperationFailed { index: 0, .. })) => Ok(Guarded::LockGone),
-        Ok(Err(zkc::MultiWriteError::OperationFailed {
-            source: zkc::Error::NodeExists | zkc::Error::NoNode,
-            ..
-        })) => Ok(Guarded::Raced),
-        Ok(Err(e)) => Err(client::failure(cfg, &e.into())),
-        Err(_) => Err(Error::Unavailable(format!(
-            "ZooKeeper at {}: no answer to a guarded write within {within:?}",
-            cfg.connect
-        ))),
+    let expired = confirmed_expired(&records, unix_seconds(SystemTime::now()));
+    let deletes: Vec<_> = expired
+        .iter()
+        .map(|key| zk.delete(&record_path(cfg, &written.name, key)))
+        .collect();
+    for delete in deletes {
+        let _ = tokio::time::timeout(cfg.conn.dial_timeout, delete).await;
     }
 }
 
-/// Every record of `name` still kept, and what is at a record's place and is not one.
+/// At most `SWEEP_READS` records of `name` still kept, the last keys in order (a --once-per
+/// slot's key is its time, so those are the newest), and what is at a record's place and is not
+/// one.
 pub async fn list(
     cfg: &ZkConfig,
-    zk: &zkc::Client,
+    zk: &Zk,
     name: &str,
 ) -> Result<Vec<Result<RunRecord, Unreadable>>, Error> {
-    let keys = children(cfg, zk, &folder(cfg, name)).await?;
+    let mut keys = children(cfg, zk, &folder(cfg, name)).await?;
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    keys.truncate(SWEEP_READS);
+    let loads: Vec<_> = keys.iter().map(|k| read(cfg, zk, name, k)).collect();
     let mut out = Vec::new();
-    for key in keys {
-        match read(cfg, zk, name, &key).await {
+    for (key, load) in keys.iter().zip(loads) {
+        match load.await {
             Ok(Some(r)) => out.push(Ok(r)),
             Ok(None) => {}
-            Err(Error::Config(why)) => out.push(Err(Unreadable { key, why })),
+            Err(Error::Config(why)) => out.push(Err(Unreadable {
+                key: key.clone(),
+                why,
+            })),
             Err(e) => return Err(e),
         }
     }
@@ -151,15 +214,15 @@ pub async fn list(
 }
 
 /// The names that have records.
-pub async fn names(cfg: &ZkConfig, zk: &zkc::Client) -> Result<Vec<String>, Error> {
+pub async fn names(cfg: &ZkConfig, zk: &Zk) -> Result<Vec<String>, Error> {
     children(cfg, zk, &records_root(cfg)).await
 }
 
 /// The children of `path`; none when it does not exist.
-pub async fn children(cfg: &ZkConfig, zk: &zkc::Client, path: &str) -> Result<Vec<String>, Error> {
-    match bounded(cfg, cfg.conn.dial_timeout, zk.list_children(path)).await {
-        Ok(c) => Ok(c),
-        Err(_) if !exists(cfg, zk, path).await? => Ok(Vec::new()),
-        Err(e) => Err(e),
+pub async fn children(cfg: &ZkConfig, zk: &Zk, path: &str) -> Result<Vec<String>, Error> {
+    match client::answered(cfg, path, zk.children(path)).await? {
+        Ok((names, _)) => Ok(names),
+        Err(e) if e.is(Code::NO_NODE) => Ok(Vec::new()),
+        Err(e) => Err(client::failure(cfg, path, &e)),
     }
 }

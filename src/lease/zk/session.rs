@@ -1,263 +1,792 @@
-//! The keeper of a ZooKeeper session's lease: a task that follows `timing::zk::ZkSchedule` one
-//! step at a time (Look, wait Δ, Sync, Check, all on the one connection) and publishes each new
-//! `D`, trouble and the loss, as etcd's keeper does, through a [`KeeperState`] channel.
+//! A ZooKeeper session: one task that owns the connection to one member at a time, sends each
+//! request in the order it was made, matches each answer to its request, fires one-shot watches,
+//! pings when nothing else was sent for a third of the timeout, and moves the session to the next
+//! member when the connection is lost. [`Zk`] is the handle: every request is queued the moment
+//! its method is called (so requests made one after another are pipelined, and a send time read
+//! before the call is never later than the real one), and answered with the number of the
+//! connection that answered it, so that a renewal can prove all its steps went over one.
 //!
-//! It starts as soon as the own node exists, so that a waiter's `D` is as fresh as a holder's
-//! when its turn comes. Any error, and any change of the session's state (Disconnected, connected
-//! again), is a failure: `D` does not move and the triple starts over, since the chain proves
-//! something only on one connection. Expired or a refused authentication lose the lease at once,
-//! whenever the client says so (never later than `D`).
+//! A request whose connection is lost before its answer fails with `ConnectionLoss` and is never
+//! sent again: it may have been applied. Closing the session is a request of its own, and the
+//! server deletes the session's ephemeral nodes with it.
 
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use zookeeper_client as zkc;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::net::{self, Failure, Hello, Link, Reach};
+use super::wire::{self, Acl, Body, Code, In, Mode, MultiOp, Op, Out, Reply, Stat};
 use crate::clock::BootInstant;
-use crate::lease::keeper::{lose, trouble, KeeperState};
-use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
-use crate::lease::timing::{KeySeen, Verdict};
-use crate::lease::LossReason;
 
-/// The keeper task (and once held, the own node's watch) and the state they publish.
-pub struct Keeper {
-    state: watch::Receiver<KeeperState>,
-    /// Kept for the own node's watch, which also publishes.
-    tx: watch::Sender<KeeperState>,
-    tasks: Vec<JoinHandle<()>>,
+/// What a session is opened with.
+#[derive(Clone)]
+pub struct Options {
+    /// `host:port` each, tried in turn from a random one.
+    pub members: Vec<String>,
+    /// Prefixed to every path sent, taken off every path answered: `""` or `/a/b`.
+    pub chroot: String,
+    /// The session timeout asked for; each member clamps it to its own bounds.
+    pub timeout: Duration,
+    /// The bound on opening the session, shared among the members tried.
+    pub dial: Duration,
+    pub reach: Reach,
 }
 
-impl Keeper {
-    /// Start renewing the lease of the session `zk`, whose own node is `path` with `czxid`.
-    pub fn start(zk: zkc::Client, path: String, czxid: i64, schedule: ZkSchedule) -> Self {
-        let (tx, state) = watch::channel(KeeperState {
-            deadline: schedule.deadline(),
-            stop_at: schedule.stop_at(),
-            lost: None,
-            trouble: None,
-        });
-        let task = tokio::spawn(run(zk, path, czxid, schedule, tx.clone()));
-        Keeper {
+/// One connection of the session, as its task publishes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connection {
+    /// Counts the session's connections from 1.
+    pub epoch: u32,
+    pub member: String,
+    /// The timeout this member negotiated: the one its touches count with.
+    pub timeout: Duration,
+    /// When its connect request was written (read just before).
+    pub sent: BootInstant,
+    /// The connect request's round trip.
+    pub round_trip: Duration,
+}
+
+/// Where the session is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Connected(Connection),
+    /// The connection was lost; the task is moving the session to another member.
+    Disconnected,
+    /// A member said the session is gone.
+    Expired,
+    /// Closed by us.
+    Closed,
+    /// A member refused the credentials.
+    AuthFailed(String),
+}
+
+/// Why a request got no answer of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ZkError {
+    /// The server's error code.
+    Server(Code),
+    /// The connection was lost first (the request may have been applied), or none was up.
+    ConnectionLoss(String),
+    /// The session is over: expired, closed, or its credentials refused.
+    Ended(State),
+    Malformed(String),
+}
+
+impl ZkError {
+    pub const fn is(&self, code: Code) -> bool {
+        matches!(self, ZkError::Server(c) if c.0 == code.0)
+    }
+}
+
+impl std::fmt::Display for ZkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ZkError::Server(code) => write!(f, "{code}"),
+            ZkError::ConnectionLoss(why) => write!(f, "connection lost: {why}"),
+            ZkError::Ended(State::Expired) => f.write_str("the session has expired"),
+            ZkError::Ended(State::AuthFailed(why)) => write!(f, "refused the credentials: {why}"),
+            ZkError::Ended(_) => f.write_str("the session is closed"),
+            ZkError::Malformed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// An answer, by the kind of request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Created(String, Stat),
+    Stat(Option<Stat>),
+    Data(Vec<u8>, Stat),
+    Children(Vec<String>, Stat),
+    Acl(Vec<Acl>, Stat),
+    /// Each op's result; the reply as a whole was Ok.
+    Multi(Vec<Result<(), Code>>),
+    Sasl(Vec<u8>),
+    Done,
+}
+
+/// An answer and the connection that gave it.
+pub type Answered = (Answer, u32);
+
+/// An `exists`: the node's Stat (none when there is no node), and the connection.
+pub type Exists = Result<(Option<Stat>, u32), ZkError>;
+
+/// What a one-shot watch saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// The event's type (NodeCreated 1, NodeDeleted 2, NodeDataChanged 3).
+    Event(i32),
+    /// The connection was lost: the watch may have been lost with it; look again.
+    Disconnected,
+}
+
+/// A watch set by a request that succeeded.
+pub struct Watch(oneshot::Receiver<Watched>);
+
+impl Watch {
+    pub async fn changed(self) -> Watched {
+        self.0.await.unwrap_or(Watched::Disconnected)
+    }
+}
+
+struct Call {
+    op: Op,
+    body: Body,
+    reply: oneshot::Sender<Result<Answered, ZkError>>,
+    watch: Option<oneshot::Sender<Watched>>,
+}
+
+/// A session's handle. Clones share the session.
+#[derive(Clone)]
+pub struct Zk {
+    calls: mpsc::UnboundedSender<Call>,
+    state: watch::Receiver<State>,
+    chroot: Arc<str>,
+    session_id: i64,
+}
+
+/// Why no member gave a session: each member tried, and what it did.
+pub type Refusals = Vec<(String, Failure)>;
+
+/// Open a session: members are tried in turn, each within its share of the dial bound (what the
+/// earlier ones left, divided among the rest), so a hung member costs only its share.
+pub async fn open(opts: Options) -> Result<Zk, Refusals> {
+    let n = opts.members.len();
+    let start = (crate::files::random_u64() as usize) % n.max(1);
+    let until = Instant::now() + opts.dial;
+    let hello = Hello {
+        timeout: opts.timeout,
+        session_id: 0,
+        password: &[],
+        last_zxid: 0,
+    };
+    let mut refusals = Vec::new();
+    for i in 0..n {
+        let member = &opts.members[(start + i) % n];
+        let share = until.saturating_duration_since(Instant::now()) / (n - i) as u32;
+        match net::link(member, &opts.reach, &hello, share).await {
+            Ok(link) => return Ok(Zk::start(link, opts, (start + i + 1) % n)),
+            Err(why) => refusals.push((member.clone(), why)),
+        }
+    }
+    Err(refusals)
+}
+
+impl Zk {
+    fn start(link: Link, opts: Options, next: usize) -> Zk {
+        let (calls, rx) = mpsc::unbounded_channel();
+        let first = connection(&link, 1);
+        let (tx, state) = watch::channel(State::Connected(first));
+        let zk = Zk {
+            calls,
             state,
-            tx,
-            tasks: vec![task],
+            chroot: opts.chroot.clone().into(),
+            session_id: link.connected.session_id,
+        };
+        let task = Task {
+            password: link.connected.password.clone(),
+            session_id: link.connected.session_id,
+            opts,
+            calls: rx,
+            state: tx,
+            last_zxid: 0,
+            epoch: 1,
+            next,
+        };
+        tokio::spawn(task.run(link));
+        zk
+    }
+
+    /// The same session, its paths under `chroot` (`""`: none).
+    pub fn with_chroot(&self, chroot: &str) -> Zk {
+        Zk {
+            chroot: chroot.into(),
+            ..self.clone()
         }
     }
 
-    /// Watch the own node from now on, so that its deletion or replacement is a loss at once,
-    /// not at the next renewal's Look. A member shows a deletion only once it is committed, so
-    /// a stale member can delay this, never make it up.
-    pub fn watch_own(&mut self, zk: zkc::Client, path: String, czxid: i64) {
-        let tx = self.tx.clone();
-        self.tasks
-            .push(tokio::spawn(watch_own(zk, path, czxid, tx)));
+    pub fn session_id(&self) -> i64 {
+        self.session_id
     }
 
-    /// The state as last published.
-    pub fn now(&self) -> KeeperState {
+    pub fn state(&self) -> State {
         self.state.borrow().clone()
     }
 
-    /// The next change of the state. Cancel-safe.
-    pub async fn changed(&mut self) -> KeeperState {
-        if self.state.changed().await.is_err() {
-            // The task ended without a loss: it cannot, but the stop time still holds.
-            std::future::pending::<()>().await;
-        }
-        self.state.borrow_and_update().clone()
+    /// The session's states from now on.
+    pub fn states(&self) -> watch::Receiver<State> {
+        let mut rx = self.state.clone();
+        rx.mark_unchanged();
+        rx
     }
 
-    /// Stop renewing and watching.
-    pub fn stop(&self) {
-        self.tasks.iter().for_each(JoinHandle::abort);
-    }
-}
-
-impl Drop for Keeper {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-async fn watch_own(zk: zkc::Client, path: String, czxid: i64, tx: watch::Sender<KeeperState>) {
-    loop {
-        match zk.check_and_watch_stat(&path).await {
-            Ok((None, _)) => return lose(&tx, LossReason::KeyDeleted(path)),
-            Ok((Some(s), _)) if s.czxid != czxid => {
-                return lose(&tx, LossReason::KeyReplaced(path))
-            }
-            Ok((Some(_), watcher)) => {
-                if watcher.changed().await.event_type == zkc::EventType::NodeDeleted {
-                    return lose(&tx, LossReason::KeyDeleted(path));
-                }
-            }
-            // The keeper judges failures; this only looks again a little later.
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+    /// The path as the server knows it.
+    fn full(&self, path: &str) -> String {
+        match (self.chroot.is_empty(), path) {
+            (true, _) => path.to_owned(),
+            (false, "/") => self.chroot.to_string(),
+            (false, _) => format!("{}{path}", self.chroot),
         }
     }
-}
 
-async fn run(
-    zk: zkc::Client,
-    path: String,
-    czxid: i64,
-    mut schedule: ZkSchedule,
-    tx: watch::Sender<KeeperState>,
-) {
-    let mut states = zk.state_watcher();
-    loop {
-        let now = BootInstant::now();
-        let outcome = match schedule.next(now) {
-            ZkNext::Lost => return lose(&tx, LossReason::NotRenewed),
-            ZkNext::Send(step) => {
-                schedule.sent(step, now);
-                let answer = answer_of(&zk, step, &path, czxid, &mut schedule, &tx);
-                unless_changed(&mut states, answer).await
+    /// Queue `op` now; its answer later.
+    pub fn request(
+        &self,
+        op: Op,
+        body: Body,
+        watch: bool,
+    ) -> (
+        impl Future<Output = Result<Answered, ZkError>> + Send + 'static,
+        Option<Watch>,
+    ) {
+        let (reply, answer) = oneshot::channel();
+        let (watch, watched) = match watch {
+            true => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(Watch(rx)))
             }
-            ZkNext::SleepUntil(t) | ZkNext::AwaitUntil(t) => {
-                unless_changed(&mut states, async move {
-                    sleep_until(t).await;
-                    Verdict::Ignored
-                })
-                .await
+            false => (None, None),
+        };
+        let _ = self.calls.send(Call {
+            op,
+            body,
+            reply,
+            watch,
+        });
+        let ended = self.state.clone();
+        let answer = async move {
+            match answer.await {
+                Ok(result) => result,
+                Err(_) => Err(ZkError::Ended(ended.borrow().clone())),
             }
         };
-        let verdict = outcome.unwrap_or_else(|state| changed(&mut schedule, &tx, state));
-        if publish(&tx, &schedule, verdict, &path) {
-            return;
-        }
+        (answer, watched)
     }
-}
 
-/// `work`'s verdict, unless the session's state changes first: then that state.
-async fn unless_changed(
-    states: &mut zkc::StateWatcher,
-    work: impl std::future::Future<Output = Verdict>,
-) -> Result<Verdict, zkc::SessionState> {
-    tokio::select! {
-        verdict = work => Ok(verdict),
-        state = states.changed() => Err(state),
+    fn ask(
+        &self,
+        op: Op,
+        body: Body,
+    ) -> impl Future<Output = Result<Answer, ZkError>> + Send + 'static {
+        let (answer, _) = self.request(op, body, false);
+        async move { answer.await.map(|(a, _)| a) }
     }
-}
 
-/// The three steps prove something only on one connection: a change of the session's state
-/// (Disconnected, then connected again, maybe to another member) breaks the chain, and the
-/// renewal starts over; a terminal state loses the lease.
-fn changed(
-    schedule: &mut ZkSchedule,
-    tx: &watch::Sender<KeeperState>,
-    state: zkc::SessionState,
-) -> Verdict {
-    if let Some(why) = session_lost(state) {
-        return Verdict::Lost(why);
-    }
-    schedule.failed(BootInstant::now());
-    trouble(
-        tx,
-        &format!("the connection to ZooKeeper changed ({state:?})"),
-    );
-    Verdict::Failed
-}
-
-/// Send `step` (marked sent already) and judge its answer, by the stop time at the latest.
-async fn answer_of(
-    zk: &zkc::Client,
-    step: Step,
-    path: &str,
-    czxid: i64,
-    schedule: &mut ZkSchedule,
-    tx: &watch::Sender<KeeperState>,
-) -> Verdict {
-    let answer =
-        tokio::time::timeout_at(instant(schedule.stop_at()), send(zk, step, path, czxid)).await;
-    let at = BootInstant::now();
-    match answer {
-        Ok(Ok(answer)) => schedule.answered(at, answer),
-        Ok(Err(why)) => {
-            schedule.failed(at);
-            trouble(tx, &format!("{step:?}: {why}"));
-            Verdict::Failed
-        }
-        Err(_) => Verdict::Lost(LossReason::NotRenewed),
-    }
-}
-
-/// Send one step and read what it says; an error that is not the session's end is a failure.
-async fn send(zk: &zkc::Client, step: Step, path: &str, czxid: i64) -> Result<Answer, String> {
-    let result = match step {
-        Step::Look => zk.check_stat(path).await.map(|stat| match stat {
-            Some(s) if s.czxid == czxid => Answer::Ok,
-            Some(_) => Answer::Replaced,
-            None => Answer::NodeGone,
-        }),
-        Step::Sync => zk.sync(path).await.map(|()| Answer::Ok),
-        Step::Check => {
-            let mut multi = zk.new_multi_writer();
-            multi
-                .add_check_version(path, -1)
-                .map_err(|e| e.to_string())?;
-            match multi.commit().await {
-                Ok(_) => Ok(Answer::Ok),
-                Err(zkc::MultiWriteError::OperationFailed {
-                    source: zkc::Error::NoNode,
-                    ..
-                }) => Ok(Answer::NodeGone),
-                Err(e) => Err(e.into()),
+    /// Create the node `path` (create2: with its Stat); the path made, as the client sees it.
+    pub fn create(
+        &self,
+        path: &str,
+        data: &[u8],
+        acls: &[Acl],
+        mode: Mode,
+    ) -> impl Future<Output = Result<(String, Stat), ZkError>> + Send + 'static {
+        let body = Body::Create {
+            path: self.full(path),
+            data: data.to_vec(),
+            acls: acls.to_vec(),
+            mode,
+        };
+        let chroot = self.chroot.clone();
+        let answer = self.ask(Op::Create2, body);
+        async move {
+            match answer.await? {
+                Answer::Created(made, stat) => {
+                    let made = made.strip_prefix(&*chroot).filter(|p| !p.is_empty());
+                    Ok((made.unwrap_or("/").to_owned(), stat))
+                }
+                other => Err(unexpected(other)),
             }
         }
-    };
+    }
+
+    pub fn delete(&self, path: &str) -> impl Future<Output = Result<(), ZkError>> + Send + 'static {
+        let answer = self.ask(Op::Delete, Body::Delete(self.full(path)));
+        async move { answer.await.map(|_| ()) }
+    }
+
+    /// The node's Stat, none when there is no node; with `watch`, a watch on it either way.
+    pub fn exists(
+        &self,
+        path: &str,
+        watch: bool,
+    ) -> (impl Future<Output = Exists> + Send + 'static, Option<Watch>) {
+        let body = Body::Read {
+            op: Op::Exists,
+            path: self.full(path),
+            watch,
+        };
+        let (answer, watched) = self.request(Op::Exists, body, watch);
+        let answer = async move {
+            match answer.await? {
+                (Answer::Stat(stat), epoch) => Ok((stat, epoch)),
+                (other, _) => Err(unexpected(other)),
+            }
+        };
+        (answer, watched)
+    }
+
+    pub fn get_data(
+        &self,
+        path: &str,
+    ) -> impl Future<Output = Result<(Vec<u8>, Stat), ZkError>> + Send + 'static {
+        let body = Body::Read {
+            op: Op::GetData,
+            path: self.full(path),
+            watch: false,
+        };
+        let answer = self.ask(Op::GetData, body);
+        async move {
+            match answer.await? {
+                Answer::Data(data, stat) => Ok((data, stat)),
+                other => Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// The names of the node's children, and its Stat.
+    pub fn children(
+        &self,
+        path: &str,
+    ) -> impl Future<Output = Result<(Vec<String>, Stat), ZkError>> + Send + 'static {
+        let body = Body::Read {
+            op: Op::GetChildren2,
+            path: self.full(path),
+            watch: false,
+        };
+        let answer = self.ask(Op::GetChildren2, body);
+        async move {
+            match answer.await? {
+                Answer::Children(names, stat) => Ok((names, stat)),
+                other => Err(unexpected(other)),
+            }
+        }
+    }
+
+    pub fn get_acl(
+        &self,
+        path: &str,
+    ) -> impl Future<Output = Result<Vec<Acl>, ZkError>> + Send + 'static {
+        let answer = self.ask(Op::GetAcl, Body::GetAcl(self.full(path)));
+        async move {
+            match answer.await? {
+                Answer::Acl(acls, _) => Ok(acls),
+                other => Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// A `sync`: answered once the leader's answer to it reached the member.
+    pub fn sync(&self, path: &str) -> impl Future<Output = Result<u32, ZkError>> + Send + 'static {
+        let (answer, _) = self.request(Op::Sync, Body::Sync(self.full(path)), false);
+        async move { answer.await.map(|(_, epoch)| epoch) }
+    }
+
+    /// A multi (a transaction through the leader): each op's result, and the connection.
+    pub fn multi(
+        &self,
+        ops: Vec<MultiOp>,
+    ) -> impl Future<Output = Result<(Vec<Result<(), Code>>, u32), ZkError>> + Send + 'static {
+        let ops = ops
+            .into_iter()
+            .map(|op| match op {
+                MultiOp::Check(p) => MultiOp::Check(self.full(&p)),
+                MultiOp::Create { path, data, acls } => MultiOp::Create {
+                    path: self.full(&path),
+                    data,
+                    acls,
+                },
+                MultiOp::SetData { path, data } => MultiOp::SetData {
+                    path: self.full(&path),
+                    data,
+                },
+            })
+            .collect();
+        let (answer, _) = self.request(Op::Multi, Body::Multi(ops), false);
+        async move {
+            match answer.await? {
+                (Answer::Multi(results), epoch) => Ok((results, epoch)),
+                (other, _) => Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// Close the session, waiting up to `within` for the server's answer: the server deletes
+    /// the session's ephemeral nodes. A session that cannot be reached is left to expire.
+    pub async fn close(&self, within: Duration) {
+        let answer = self.ask(Op::CloseSession, Body::Empty);
+        if let Err(e) = tokio::time::timeout(within, answer)
+            .await
+            .unwrap_or(Ok(Answer::Done))
+        {
+            tracing::debug!(error = %e, "closing the ZooKeeper session");
+        }
+    }
+}
+
+fn unexpected(answer: Answer) -> ZkError {
+    ZkError::Malformed(format!("an answer of the wrong kind: {answer:?}"))
+}
+
+fn connection(link: &Link, epoch: u32) -> Connection {
+    Connection {
+        epoch,
+        member: link.member.clone(),
+        timeout: Duration::from_millis(link.connected.timeout_ms as u64),
+        sent: link.sent,
+        round_trip: link.round_trip,
+    }
+}
+
+/// The session's task.
+struct Task {
+    opts: Options,
+    calls: mpsc::UnboundedReceiver<Call>,
+    state: watch::Sender<State>,
+    session_id: i64,
+    password: Vec<u8>,
+    last_zxid: i64,
+    epoch: u32,
+    /// The member to try first when the connection is lost.
+    next: usize,
+}
+
+/// How a connection ended.
+enum End {
+    /// Lost: move the session.
+    Lost(String),
+    /// The session is over.
+    Over(State),
+}
+
+impl Task {
+    async fn run(mut self, first: Link) {
+        let mut link = first;
+        loop {
+            let end = Served::new(&mut self, link).serve().await;
+            match end {
+                End::Over(state) => return self.end(state),
+                End::Lost(why) => {
+                    tracing::debug!(reason = %why, "ZooKeeper connection lost; moving the session");
+                    self.state.send_replace(State::Disconnected);
+                }
+            }
+            link = match self.reconnect().await {
+                Ok(link) => link,
+                Err(state) => return self.end(state),
+            };
+            self.epoch += 1;
+            self.state
+                .send_replace(State::Connected(connection(&link, self.epoch)));
+        }
+    }
+
+    /// The session is over: every request from now on fails with `state`.
+    fn end(mut self, state: State) {
+        self.state.send_replace(state.clone());
+        self.calls.close();
+        while let Ok(call) = self.calls.try_recv() {
+            let _ = call.reply.send(Err(ZkError::Ended(state.clone())));
+        }
+    }
+
+    /// Move the session to the next member that takes it, each tried within the timeout's
+    /// share (as ZooKeeper's own client does), round after round. Requests made meanwhile fail
+    /// with `ConnectionLoss`; a close ends the session here.
+    async fn reconnect(&mut self) -> Result<Link, State> {
+        let n = self.opts.members.len();
+        let share = (self.opts.timeout / n as u32).max(Duration::from_millis(100));
+        let mut round = 0u32;
+        loop {
+            for i in 0..n {
+                let at = (self.next + i) % n;
+                let member = self.opts.members[at].clone();
+                let password = self.password.clone();
+                let hello = Hello {
+                    timeout: self.opts.timeout,
+                    session_id: self.session_id,
+                    password: &password,
+                    last_zxid: self.last_zxid,
+                };
+                let reach = self.opts.reach.clone();
+                let linking = net::link(&member, &reach, &hello, share);
+                match self.meanwhile(linking).await? {
+                    Ok(link) => {
+                        self.next = (at + 1) % n;
+                        return Ok(link);
+                    }
+                    Err(Failure::Expired) => return Err(State::Expired),
+                    Err(Failure::AuthFailed(why)) => return Err(State::AuthFailed(why)),
+                    Err(why) => {
+                        tracing::debug!(member = %member, reason = %why, "ZooKeeper member gave no session")
+                    }
+                }
+            }
+            round += 1;
+            let pause = (self.opts.timeout / 10).min(Duration::from_millis(100 * round as u64));
+            self.meanwhile(tokio::time::sleep(pause)).await?;
+        }
+    }
+
+    /// `work`'s output, answering the requests made meanwhile: none can be sent now.
+    async fn meanwhile<T>(&mut self, work: impl Future<Output = T>) -> Result<T, State> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return Ok(out),
+                call = self.calls.recv() => match call {
+                    None => return Err(State::Closed),
+                    Some(call) if call.op == Op::CloseSession => {
+                        let _ = call.reply.send(Ok((Answer::Done, self.epoch)));
+                        return Err(State::Closed);
+                    }
+                    Some(call) => {
+                        let why = "not connected: the session is moving to another member";
+                        let _ = call.reply.send(Err(ZkError::ConnectionLoss(why.into())));
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// A request written and not yet answered.
+struct Pending {
+    xid: i32,
+    op: Op,
+    reply: oneshot::Sender<Result<Answered, ZkError>>,
+    /// The watch to set once answered, on this server path.
+    watch: Option<(String, oneshot::Sender<Watched>)>,
+}
+
+/// One connection being served.
+struct Served<'t> {
+    task: &'t mut Task,
+    link: Option<Link>,
+    pending: VecDeque<Pending>,
+    watches: HashMap<String, Vec<oneshot::Sender<Watched>>>,
+    next_xid: i32,
+}
+
+impl<'t> Served<'t> {
+    fn new(task: &'t mut Task, link: Link) -> Self {
+        Served {
+            task,
+            link: Some(link),
+            pending: VecDeque::new(),
+            watches: HashMap::new(),
+            next_xid: 1,
+        }
+    }
+
+    async fn serve(mut self) -> End {
+        let link = self.link.take().expect("a link to serve");
+        let timeout = Duration::from_millis(link.connected.timeout_ms as u64);
+        let (mut rd, mut wr) = tokio::io::split(link.io);
+        let (frames_tx, mut frames) = mpsc::channel(16);
+        let reader = tokio::spawn(async move {
+            loop {
+                let frame = net::read_frame(&mut rd).await;
+                let end = frame.is_err();
+                if frames_tx.send(frame).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let mut writer = tokio::spawn(async move {
+            while let Some(bytes) = out_rx.recv().await {
+                wr.write_all(&bytes).await?;
+            }
+            Ok::<(), std::io::Error>(())
+        });
+        let (ping_every, silent_for) = (timeout / 3, timeout * 2 / 3);
+        let (mut last_send, mut last_recv) = (Instant::now(), Instant::now());
+        let end = loop {
+            tokio::select! {
+                call = self.task.calls.recv() => match call {
+                    Some(call) => {
+                        self.send(&out, call);
+                        last_send = Instant::now();
+                    }
+                    None => {
+                        let _ = out.send(Out::request(0, Op::CloseSession).finish());
+                        break End::Over(State::Closed);
+                    }
+                },
+                frame = frames.recv() => match frame {
+                    Some(Ok(frame)) => {
+                        last_recv = Instant::now();
+                        if let Some(end) = self.received(&frame) {
+                            break end;
+                        }
+                    }
+                    Some(Err(e)) => break End::Lost(e.to_string()),
+                    None => break End::Lost("the connection's reader ended".into()),
+                },
+                _ = tokio::time::sleep_until(last_send + ping_every) => {
+                    let _ = out.send(Out::request(wire::PING_XID, Op::Ping).finish());
+                    last_send = Instant::now();
+                }
+                _ = tokio::time::sleep_until(last_recv + silent_for) => {
+                    break End::Lost(format!("nothing heard from the member for {silent_for:?}"));
+                }
+                written = &mut writer => {
+                    let why = written.map_or_else(|e| e.to_string(), |r| r.err().map_or_else(String::new, |e| e.to_string()));
+                    break End::Lost(format!("writing to the member failed: {why}"));
+                }
+            }
+        };
+        reader.abort();
+        self.fail_all(&end);
+        end
+    }
+
+    /// Write `call` and wait for its answer in order.
+    fn send(&mut self, out: &mpsc::UnboundedSender<Vec<u8>>, call: Call) {
+        let xid = match call.op {
+            Op::CloseSession => 0,
+            _ => self.xid(),
+        };
+        let mut packet = Out::request(xid, call.op);
+        call.body.write(&mut packet);
+        let path = call.body.path().map(str::to_owned);
+        let _ = out.send(packet.finish());
+        self.pending.push_back(Pending {
+            xid,
+            op: call.op,
+            reply: call.reply,
+            watch: call.watch.zip(path).map(|(w, p)| (p, w)),
+        });
+    }
+
+    fn xid(&mut self) -> i32 {
+        let xid = self.next_xid;
+        self.next_xid = if xid == i32::MAX { 1 } else { xid + 1 };
+        xid
+    }
+
+    /// Handle one packet; the connection's end if it ends it.
+    fn received(&mut self, frame: &[u8]) -> Option<End> {
+        let mut input = In::new(frame);
+        let reply = match Reply::read(&mut input) {
+            Ok(r) => r,
+            Err(e) => return Some(End::Lost(e.to_string())),
+        };
+        if reply.zxid > 0 {
+            self.task.last_zxid = self.task.last_zxid.max(reply.zxid);
+        }
+        match reply.xid {
+            wire::WATCH_XID => {
+                if let Ok(event) = input.event() {
+                    self.fire(&event);
+                }
+                None
+            }
+            wire::PING_XID => None,
+            wire::AUTH_XID if reply.err != Code::OK => {
+                Some(End::Over(State::AuthFailed(format!("{}", reply.err))))
+            }
+            wire::AUTH_XID => None,
+            xid => self.answered(xid, reply.err, &mut input),
+        }
+    }
+
+    fn answered(&mut self, xid: i32, err: Code, input: &mut In<'_>) -> Option<End> {
+        let Some(pending) = self.pending.pop_front() else {
+            return Some(End::Lost(format!(
+                "an answer to request {xid}, which is not in flight"
+            )));
+        };
+        if pending.xid != xid {
+            return Some(End::Lost(format!(
+                "answer {xid} out of order (waiting for {})",
+                pending.xid
+            )));
+        }
+        let result = answer(pending.op, err, input);
+        if let (Some((path, watch)), true) = (pending.watch, sets_watch(pending.op, &result)) {
+            self.watches.entry(path).or_default().push(watch);
+        }
+        let closed = pending.op == Op::CloseSession;
+        let _ = pending.reply.send(result.map(|a| (a, self.task.epoch)));
+        closed.then_some(End::Over(State::Closed))
+    }
+
+    fn fire(&mut self, event: &wire::Event) {
+        if (1..=3).contains(&event.kind) {
+            for watch in self.watches.remove(&event.path).unwrap_or_default() {
+                let _ = watch.send(Watched::Event(event.kind));
+            }
+        }
+    }
+
+    /// Every request in flight fails, every watch says Disconnected (dropped).
+    fn fail_all(&mut self, end: &End) {
+        for pending in self.pending.drain(..) {
+            let error = match end {
+                End::Lost(why) => ZkError::ConnectionLoss(why.clone()),
+                End::Over(State::Closed) if pending.op == Op::CloseSession => {
+                    let _ = pending.reply.send(Ok((Answer::Done, self.task.epoch)));
+                    continue;
+                }
+                End::Over(state) => ZkError::Ended(state.clone()),
+            };
+            let _ = pending.reply.send(Err(error));
+        }
+        for (_, watches) in self.watches.drain() {
+            for watch in watches {
+                let _ = watch.send(Watched::Disconnected);
+            }
+        }
+    }
+}
+
+/// Whether a request with a watch set one: `exists` also does when there is no node.
+fn sets_watch(op: Op, result: &Result<Answer, ZkError>) -> bool {
     match result {
-        Ok(answer) => Ok(answer),
-        Err(zkc::Error::SessionExpired) => Ok(Answer::Expired),
-        Err(e) => Err(e.to_string()),
+        Ok(_) => true,
+        Err(e) => op == Op::Exists && e.is(Code::NO_NODE),
     }
 }
 
-/// Publish what `verdict` says; true when the lease is lost (the keeper ends).
-fn publish(
-    tx: &watch::Sender<KeeperState>,
-    schedule: &ZkSchedule,
-    verdict: Verdict,
-    path: &str,
-) -> bool {
-    match verdict {
-        Verdict::Extended(d) => {
-            tx.send_modify(|s| {
-                s.deadline = d;
-                s.stop_at = schedule.stop_at();
-                s.trouble = None;
-            });
-            false
-        }
-        Verdict::Lost(why) => {
-            lose(tx, why);
-            true
-        }
-        Verdict::KeyLost(KeySeen::Gone) => {
-            lose(tx, LossReason::KeyGone(path.to_owned()));
-            true
-        }
-        Verdict::KeyLost(KeySeen::Replaced) => {
-            lose(tx, LossReason::KeyReplaced(path.to_owned()));
-            true
-        }
-        _ => false,
+/// The answer to `op` with error code `err`, from the rest of its packet.
+fn answer(op: Op, err: Code, input: &mut In<'_>) -> Result<Answer, ZkError> {
+    if op == Op::Exists && err == Code::NO_NODE {
+        return Ok(Answer::Stat(None));
     }
-}
-
-/// Why the session state means the lease is gone, if it does.
-fn session_lost(state: zkc::SessionState) -> Option<LossReason> {
-    match state {
-        zkc::SessionState::Expired | zkc::SessionState::Closed => Some(LossReason::SessionExpired),
-        zkc::SessionState::AuthFailed => Some(LossReason::SessionExpired),
-        _ => None,
+    if err != Code::OK {
+        return match err {
+            Code::SESSION_EXPIRED => Err(ZkError::Ended(State::Expired)),
+            code => Err(ZkError::Server(code)),
+        };
     }
-}
-
-/// The tokio instant of a CLOCK_BOOTTIME instant, measured from now.
-fn instant(t: BootInstant) -> tokio::time::Instant {
-    tokio::time::Instant::now() + BootInstant::now().until(t)
-}
-
-async fn sleep_until(t: BootInstant) {
-    tokio::time::sleep_until(instant(t)).await;
+    let malformed = |e: wire::Malformed| ZkError::Malformed(e.to_string());
+    let answer = match op {
+        Op::Create2 => {
+            let path = input.string().map_err(malformed)?;
+            Answer::Created(path, input.stat().map_err(malformed)?)
+        }
+        Op::Exists | Op::SetData => Answer::Stat(Some(input.stat().map_err(malformed)?)),
+        Op::GetData => {
+            let data = input.buffer().map_err(malformed)?;
+            Answer::Data(data, input.stat().map_err(malformed)?)
+        }
+        Op::GetChildren2 => {
+            let names = input.strings().map_err(malformed)?;
+            Answer::Children(names, input.stat().map_err(malformed)?)
+        }
+        Op::GetAcl => {
+            let acls = input.acls().map_err(malformed)?;
+            Answer::Acl(acls, input.stat().map_err(malformed)?)
+        }
+        Op::Multi => Answer::Multi(input.multi().map_err(malformed)?),
+        Op::Sasl => Answer::Sasl(input.buffer().map_err(malformed)?),
+        _ => Answer::Done,
+    };
+    Ok(answer)
 }
