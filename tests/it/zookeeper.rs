@@ -26,6 +26,10 @@ use crate::support::zookeeper::{self, Zk};
 use crate::support::*;
 
 mod ensemble;
+mod neighbours;
+mod secure;
+mod sessions;
+mod timeouts;
 
 /// `--ttl 2s` (the session timeout asked; the test servers grant 0.4 s to 4 s) and debug logs,
 /// which a failing test shows with leasewrap's stderr.

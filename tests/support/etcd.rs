@@ -526,8 +526,8 @@ pub struct Tls {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
+    pub(super) server_cert: PathBuf,
+    pub(super) server_key: PathBuf,
     /// Whether the server refuses clients without a certificate from `ca`.
     client_cert_required: bool,
 }
@@ -544,7 +544,7 @@ subjectKeyIdentifier = hash
 [server]
 basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
+extendedKeyUsage = serverAuth,clientAuth
 subjectAltName = IP:127.0.0.1,DNS:localhost
 authorityKeyIdentifier = keyid
 [client]
@@ -555,7 +555,7 @@ authorityKeyIdentifier = keyid
 ";
 
 impl Tls {
-    fn generate(dir: &Path, client_cert_required: bool) -> Tls {
+    pub(super) fn generate(dir: &Path, client_cert_required: bool) -> Tls {
         fs::write(dir.join("openssl.cnf"), OPENSSL_CNF).expect("cannot write openssl.cnf");
         openssl_req(
             dir,
@@ -576,7 +576,7 @@ impl Tls {
     }
 
     /// A key, and a certificate signed by the CA with the extensions of section `name`.
-    fn leaf(dir: &Path, name: &str, subject: &str) {
+    pub(super) fn leaf(dir: &Path, name: &str, subject: &str) {
         openssl_req(dir, &["req", "-new", "-newkey", "ec"], name, subject);
         let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
         let sign = ["x509", "-req", "-in", &csr, "-out", &crt, "-CA", "ca.crt"];
@@ -854,7 +854,7 @@ fn http_get(port: u16, path: &str) -> Result<String, String> {
 }
 
 /// A loopback port that was free a moment ago and that this process has not handed out before.
-pub(super) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     loop {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("cannot bind loopback");

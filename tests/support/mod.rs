@@ -7,6 +7,7 @@
 
 pub mod etcd;
 mod job;
+pub mod neighbour;
 pub mod postgres;
 pub mod proxy;
 pub mod stallfs;

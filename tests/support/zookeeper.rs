@@ -43,6 +43,16 @@ const JARS: [&str; 3] = [
     "/usr/share/java/slf4j-simple.jar",
     "/usr/share/java/servlet-api.jar",
 ];
+/// Netty, for the secure client port (Debian's libnetty-java; its netty-all.jar is empty).
+const NETTY_JARS: [&str; 7] = [
+    "/usr/share/java/netty-buffer.jar",
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-common.jar",
+    "/usr/share/java/netty-handler.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+];
 /// The CLI logs nothing (slf4j-nop) so that its stdout is only the command's answer.
 const CLI_JARS: [&str; 2] = [
     "/usr/share/java/zookeeper.jar",
@@ -112,10 +122,23 @@ pub fn java() -> PathBuf {
 #[track_caller]
 fn checked_java(jars: &[&str]) -> PathBuf {
     let java = java();
-    if let Some(why) = missing(&java, jars) {
+    let all: Vec<&str> = jars.iter().chain(&NETTY_JARS).copied().collect();
+    if let Some(why) = missing(&java, &all) {
         panic!("{why}");
     }
     java
+}
+
+/// How a test server differs from the harness's default (tickTime 200 ms, every four-letter
+/// word allowed).
+#[derive(Clone, Debug, Default)]
+pub struct Setup {
+    /// `4lw.commands.whitelist`; None: every word (`*`). `Some("srvr")` is ZooKeeper's default.
+    pub whitelist: Option<&'static str>,
+    /// tickTime; None: [`TICK`].
+    pub tick: Option<Duration>,
+    /// More zoo.cfg lines (`maxSessionTimeout=1000`, ...).
+    pub extra: Vec<String>,
 }
 
 /// One standalone server for a whole test binary; never stopped by drop, it dies with the
@@ -142,11 +165,24 @@ impl Zk {
     /// Starts a standalone server and waits until it serves.
     #[track_caller]
     pub fn start() -> Zk {
+        Zk::start_with(&Setup::default())
+    }
+
+    /// Starts a standalone server set up as `setup` says.
+    #[track_caller]
+    pub fn start_with(setup: &Setup) -> Zk {
+        Zk::launch(setup, &[], &[])
+    }
+
+    /// A server with `setup`, more zoo.cfg lines `extra`, and JVM options `jvm`.
+    #[track_caller]
+    fn launch(setup: &Setup, extra: &[String], jvm: &[String]) -> Zk {
         let java = checked_java(&JARS);
         let dir = scratch_dir();
         for attempt in 1..=START_TRIES {
             let mut member = Member::new(dir.path(), 0);
-            member.write_config(&[]);
+            member.write_config(setup, &[extra, &setup.extra[..]].concat());
+            member.jvm = jvm.to_vec();
             member.launch(&java);
             match member.wait_serving() {
                 Ok(()) => return Zk { member, _dir: dir },
@@ -187,6 +223,99 @@ impl Zk {
     /// SIGKILL now, and reap.
     pub fn kill(&mut self) {
         self.member.kill();
+    }
+
+    /// Everything the server logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.member.log()).unwrap_or_default()
+    }
+
+    /// Its answer to the four-letter word `word`.
+    pub fn four_letter(&self, word: &str) -> Result<String, String> {
+        four_letter(self.member.client, word)
+    }
+}
+
+/// A standalone server that also speaks TLS on a secure client port (Netty), takes a client
+/// certificate as an x509 identity, and SASL DIGEST-MD5 users from a JAAS file: `bob` (with
+/// [`Secure::SASL_PASSWORD`]) for leasewrap and `eve` for a neighbour. Its CA signed a client
+/// certificate for leasewrap (`tls.cert`, CN `leasewrap-test-client`) and one for another
+/// application (`other_cert`, CN `other-app`).
+pub struct Secure {
+    pub zk: Zk,
+    pub tls: super::etcd::Tls,
+    pub other_cert: (PathBuf, PathBuf),
+    pub secure_port: u16,
+    /// Holds the certificates and the JAAS file.
+    _files: TempDir,
+}
+
+impl Secure {
+    pub const SASL_USER: &'static str = "bob";
+    pub const SASL_PASSWORD: &'static str = "bob-secret";
+
+    /// `127.0.0.1:SECURE_PORT`: a connect string for TLS.
+    pub fn tls_connect(&self) -> String {
+        format!("127.0.0.1:{}", self.secure_port)
+    }
+}
+
+/// The secure server for a whole test binary (see [`Secure`]).
+pub fn shared_secure() -> &'static Secure {
+    static SHARED: OnceLock<Secure> = OnceLock::new();
+    SHARED.get_or_init(start_secure)
+}
+
+#[track_caller]
+fn start_secure() -> Secure {
+    let files = scratch_dir();
+    let dir = files.path();
+    let tls = super::etcd::Tls::generate(dir, true);
+    super::etcd::Tls::leaf(dir, "client", "/CN=other-app");
+    let other = (dir.join("other.crt"), dir.join("other.key"));
+    fs::rename(dir.join("client.crt"), &other.0).expect("keep the other certificate");
+    fs::rename(dir.join("client.key"), &other.1).expect("keep the other key");
+    super::etcd::Tls::leaf(dir, "client", "/CN=leasewrap-test-client");
+    let key_and_cert = [&tls.server_key, &tls.server_cert]
+        .iter()
+        .map(|p| fs::read_to_string(p).expect("read the server's PEM"))
+        .collect::<String>();
+    let pem = dir.join("server.pem");
+    fs::write(&pem, key_and_cert).expect("write the server's PEM");
+    let jaas = dir.join("jaas.conf");
+    fs::write(
+        &jaas,
+        format!(
+            "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  user_{}=\"{}\"\n  user_eve=\"eve-secret\";\n}};\n",
+            Secure::SASL_USER,
+            Secure::SASL_PASSWORD
+        ),
+    )
+    .expect("write the JAAS file");
+    let secure_port = free_port();
+    let extra = vec![
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".into(),
+        format!("secureClientPort={secure_port}"),
+        "secureClientPortAddress=127.0.0.1".into(),
+        format!("ssl.keyStore.location={}", pem.display()),
+        "ssl.keyStore.type=PEM".into(),
+        format!("ssl.trustStore.location={}", tls.ca.display()),
+        "ssl.trustStore.type=PEM".into(),
+        "ssl.clientAuth=need".into(),
+        "authProvider.x509=org.apache.zookeeper.server.auth.X509AuthenticationProvider".into(),
+        "authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider".into(),
+    ];
+    let jvm = vec![format!(
+        "-Djava.security.auth.login.config={}",
+        jaas.display()
+    )];
+    let zk = Zk::launch(&Setup::default(), &extra, &jvm);
+    Secure {
+        zk,
+        tls,
+        other_cert: other,
+        secure_port,
+        _files: files,
     }
 }
 
@@ -229,10 +358,17 @@ impl Ensemble {
     /// Starts all members and waits until each serves, with one leader.
     #[track_caller]
     pub fn start() -> Ensemble {
+        Ensemble::start_with(&Setup::default(), |_| Vec::new())
+    }
+
+    /// Starts all members set up as `setup` says, member `i` with the zoo.cfg lines `own(i)`
+    /// too (`maxSessionTimeout=1000` on one of them, say).
+    #[track_caller]
+    pub fn start_with(setup: &Setup, own: impl Fn(usize) -> Vec<String>) -> Ensemble {
         let java = checked_java(&JARS);
         let dir = scratch_dir();
         for attempt in 1..=START_TRIES {
-            let (mut members, links) = Ensemble::configure(dir.path());
+            let (mut members, links) = Ensemble::configure(dir.path(), setup, &own);
             members.iter_mut().for_each(|m| m.launch(&java));
             match wait_all_serving(&mut members) {
                 Ok(()) => {
@@ -253,7 +389,11 @@ impl Ensemble {
 
     /// Fresh ports, the proxies between them, and each member's zoo.cfg naming the others at
     /// its own proxies.
-    fn configure(dir: &Path) -> (Vec<Member>, Vec<Link>) {
+    fn configure(
+        dir: &Path,
+        setup: &Setup,
+        own: &dyn Fn(usize) -> Vec<String>,
+    ) -> (Vec<Member>, Vec<Link>) {
         let mut members: Vec<Member> = (0..Ensemble::SIZE)
             .map(|i| Member::new(dir, i + 1))
             .collect();
@@ -274,7 +414,7 @@ impl Ensemble {
                     format!("server.{}=127.0.0.1:{quorum}:{election}", j + 1)
                 })
                 .collect();
-            member.write_config(&servers);
+            member.write_config(setup, &[servers, setup.extra.clone(), own(i)].concat());
         }
         (members, links)
     }
@@ -283,6 +423,11 @@ impl Ensemble {
     pub fn connect(&self) -> String {
         let all: Vec<String> = self.members.iter().map(Member::connect).collect();
         all.join(",")
+    }
+
+    /// Member `i`'s client address.
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.members[i].addr()
     }
 
     /// Member `i`'s client address alone: a connect string that pins a client to it.
@@ -459,6 +604,8 @@ struct Member {
     child: Option<Child>,
     /// SIGSTOPped by the test: `srvr` would only time out.
     stopped: bool,
+    /// More JVM options (a JAAS file).
+    jvm: Vec<String>,
 }
 
 impl Member {
@@ -478,6 +625,7 @@ impl Member {
             election: free_port(),
             child: None,
             stopped: false,
+            jvm: Vec::new(),
         }
     }
 
@@ -493,18 +641,20 @@ impl Member {
         self.dir.join("zookeeper.log")
     }
 
-    /// zoo.cfg: the test timing, 4lw on, no admin server; `servers` empty for standalone.
-    fn write_config(&self, servers: &[String]) {
+    /// zoo.cfg: the test timing, 4lw on, no admin server, then `lines` (the ensemble's members,
+    /// or none for standalone; more settings).
+    fn write_config(&self, setup: &Setup, lines: &[String]) {
         let mut cfg = format!(
             "tickTime={}\ninitLimit={INIT_LIMIT}\nsyncLimit={SYNC_LIMIT}\n\
              dataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
-             admin.enableServer=false\n4lw.commands.whitelist=*\n\
+             admin.enableServer=false\n4lw.commands.whitelist={}\n\
              maxClientCnxns=0\npreAllocSize=1024\nreconfigEnabled=false\n",
-            TICK.as_millis(),
+            setup.tick.unwrap_or(TICK).as_millis(),
             self.dir.join("data").display(),
             self.client,
+            setup.whitelist.unwrap_or("*"),
         );
-        for line in servers {
+        for line in lines {
             cfg.push_str(line);
             cfg.push('\n');
         }
@@ -519,9 +669,11 @@ impl Member {
             .open(self.log());
         let log = open.unwrap_or_else(|e| panic!("cannot open {}: {e}", self.log().display()));
         let mut cmd = Command::new(java);
+        let jars: Vec<&str> = JARS.iter().chain(&NETTY_JARS).copied().collect();
         cmd.args(SERVER_JVM)
+            .args(&self.jvm)
             .arg("-cp")
-            .arg(JARS.join(":"))
+            .arg(jars.join(":"))
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(self.dir.join("zoo.cfg"))
             .current_dir(&self.dir)

@@ -76,9 +76,9 @@ pub struct ZkTiming {
 
 /// The room a renewal's three round trips need, for a connect request (a session's creation:
 /// a write through the leader, as the Check is) that took `measured`: each as long as that, and
-/// at least 50 ms (a write's fsync on a busy ensemble).
+/// at least 100 ms (a write's fsync on a busy ensemble, a busy client host).
 pub fn round_trip_allowance(measured: Duration) -> Duration {
-    measured.max(Duration::from_millis(50)) * 3
+    measured.max(Duration::from_millis(100)) * 3
 }
 
 /// The rule `TTL/4 + Δ + round trips + kill_after + margin < TTL/(1+drift)` did not hold.

@@ -268,6 +268,42 @@ fn perms_text(p: i32) -> String {
     .collect()
 }
 
+/// What the ensemble told of its timing: each member's `conf` where it answers, and where none
+/// does, the smallest session timeout one member grants (a session asked for 1 ms gets the
+/// member's minSessionTimeout, 2 x tickTime unless set otherwise).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Learned {
+    pub conf: Vec<(String, Conf)>,
+    pub min_session: Option<Duration>,
+}
+
+impl Learned {
+    /// The tickTime the rule counts with: the largest any member told, or half the smallest
+    /// session timeout (ZooKeeper's sessions last 2 ticks at the least, unless its
+    /// minSessionTimeout is set below that, which the README's precondition excludes).
+    pub fn tick(&self) -> Option<Duration> {
+        let told = self.conf.iter().map(|(_, c)| c.tick).max();
+        told.or(self.min_session.map(|m| m / 2))
+    }
+}
+
+/// What the ensemble tells of its timing (see [`Learned`]), asked without delaying anything.
+pub async fn learn(cfg: &ZkConfig) -> Learned {
+    let conf = conf(cfg).await;
+    let min_session = match conf.is_empty() {
+        true => min_session(cfg).await,
+        false => None,
+    };
+    Learned { conf, min_session }
+}
+
+/// A member's smallest session timeout: a session asked for 1 ms, closed at once.
+async fn min_session(cfg: &ZkConfig) -> Option<Duration> {
+    let probe = connect(cfg, Duration::from_millis(1), false).await.ok()?;
+    probe.zk.close(Duration::from_secs(1)).await;
+    Some(probe.first.timeout)
+}
+
 /// What `conf` says of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conf {

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use self::client::{Conf, NotOpened};
+use self::client::{Conf, Learned, NotOpened};
 use self::keeper::Keeper;
 use self::lock::{Own, Place};
 use self::session::{Connection, Zk as Session};
@@ -50,9 +50,9 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(1);
 pub struct Zk {
     cfg: ZkConfig,
     params: Params,
-    /// The members' answers to `conf`, asked while the first session is opened.
-    asking: Option<JoinHandle<Vec<(String, Conf)>>>,
-    conf: Vec<(String, Conf)>,
+    /// What the ensemble tells of its timing, asked while the first session is opened.
+    asking: Option<JoinHandle<Learned>>,
+    learned: Learned,
     /// The attempt in progress, to undo if it is abandoned.
     attempt: Option<Attempt>,
     /// Why no session could be opened yet, while a waiter waits for the ensemble to serve.
@@ -71,12 +71,12 @@ impl Zk {
     pub async fn connect(cfg: &ZkConfig, params: Params) -> Result<Self, Error> {
         client::reach(cfg)?;
         let for_conf = cfg.clone();
-        let asking = tokio::spawn(async move { client::conf(&for_conf).await });
+        let asking = tokio::spawn(async move { client::learn(&for_conf).await });
         Ok(Zk {
             cfg: cfg.clone(),
             params,
             asking: Some(asking),
-            conf: Vec::new(),
+            learned: Learned::default(),
             attempt: None,
             unavailable: None,
         })
@@ -87,6 +87,12 @@ impl Zk {
     /// again with a new session if its own was lost. Without a wait, or when every member
     /// refuses (no such host or port, refused credentials), the first failure ends it.
     async fn acquire(&mut self, name: &str, record: &[u8], block: bool) -> Result<ZkHeld, Error> {
+        // Until a session is opened, a wait that runs out ran out on the ensemble, not on a
+        // holder.
+        self.unavailable = Some(format!(
+            "ZooKeeper at {}: no member has given a session yet",
+            self.cfg.connect
+        ));
         loop {
             match self.queue(name, record).await {
                 Ok(()) => self.unavailable = None,
@@ -99,6 +105,7 @@ impl Zk {
                 Err(Queued::NotOpened(n)) => return Err(n.error),
                 Err(Queued::Failed(e)) if block && transient(&e) => {
                     tracing::debug!(error = %e, "queueing failed; trying again");
+                    self.unavailable = Some(e.to_string());
                     self.abandon().await;
                     tokio::time::sleep(self.retry_every()).await;
                     continue;
@@ -150,17 +157,32 @@ impl Zk {
 
     /// The schedule of a session whose first connection is `first`: the timeout in force is the
     /// smallest any member may negotiate (those whose `conf` answered), tickTime the largest any
-    /// member told, and the rule must leave room for a renewal's round trips.
+    /// member told, and the rule must leave room for a renewal's round trips: at least 100 ms each
+    /// (else 64, bad usage), and as long as this session's connect took (else 69: the ensemble
+    /// answers too slowly now for this TTL, which a waiter rides out).
     async fn schedule(&mut self, first: &Connection) -> Result<ZkSchedule, Error> {
         if let Some(asking) = self.asking.take() {
-            self.conf = asking.await.unwrap_or_default();
+            self.learned = asking.await.unwrap_or_default();
         }
-        let timeout = in_force(self.params.ttl, first.timeout, &self.conf);
-        let tick = self.conf.iter().map(|(_, c)| c.tick).max();
-        say_what_counts(first, timeout, tick, &self.conf, self.cfg.members.len());
-        let room = round_trip_allowance(first.round_trip);
-        ZkSchedule::connected_within(self.params, first.sent, timeout, tick, room)
-            .map_err(|e| Error::Usage(e.to_string()))
+        if self.learned.tick().is_none() {
+            // Asked while no member served (an election): ask again, now that one does.
+            self.learned = client::learn(&self.cfg).await;
+        }
+        let timeout = in_force(self.params.ttl, first.timeout, &self.learned.conf);
+        let tick = self.learned.tick();
+        say_what_counts(first, timeout, &self.learned, self.cfg.members.len());
+        let at = |room| ZkSchedule::connected_within(self.params, first.sent, timeout, tick, room);
+        let schedule =
+            at(round_trip_allowance(Duration::ZERO)).map_err(|e| Error::Usage(e.to_string()))?;
+        if let Err(e) = at(round_trip_allowance(first.round_trip)) {
+            return Err(Error::Unavailable(format!(
+                "ZooKeeper at {} answers too slowly for this TTL now (the session's connect took {:.0} ms, \
+                 and a renewal makes three such round trips): {e}",
+                self.cfg.connect,
+                first.round_trip.as_secs_f64() * 1e3
+            )));
+        }
+        Ok(schedule)
     }
 
     /// Wait for the own node's turn: true once it is first and confirmed through the leader,
@@ -271,18 +293,14 @@ fn in_force(asked: Duration, negotiated: Duration, conf: &[(String, Conf)]) -> D
 }
 
 /// One line (INFO) on the figures the rule counts with, and where each comes from.
-fn say_what_counts(
-    first: &Connection,
-    timeout: Duration,
-    tick: Option<Duration>,
-    conf: &[(String, Conf)],
-    members: usize,
-) {
-    let tick_from = match tick {
-        Some(_) => "conf",
-        None => {
-            "unknown (conf is not in the members' 4lw.commands.whitelist): taken as the timeout/2"
+fn say_what_counts(first: &Connection, timeout: Duration, learned: &Learned, members: usize) {
+    let (tick, conf) = (learned.tick(), &learned.conf);
+    let tick_from = match (conf.is_empty(), learned.min_session) {
+        (false, _) => "conf",
+        (true, Some(_)) => {
+            "half the smallest session timeout (conf is not in 4lw.commands.whitelist)"
         }
+        (true, None) => "unknown (no conf, no session timeout told): taken as the timeout/2",
     };
     tracing::info!(
         member = %first.member,
