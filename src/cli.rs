@@ -71,18 +71,31 @@ the token its czxid, and KEY a node path outside /leasewrap, written in one mult
     FencedPut(FencedPutArgs),
     /// Print the SQL that installs the database fence a job calls first in its transaction
     #[command(
-        long_about = "Print the SQL that installs the database fence: the schema leasewrap, the table \
-leasewrap.fence (one row per lease NAME, with the highest fencing token committed under it) and the \
-function leasewrap.fence(name, token). Install it with psql -f (it is idempotent: run it again after an \
-upgrade); the package also ships it as /usr/share/leasewrap/sql/postgres-fence.sql. A job calls the \
-fence first in its own transaction: BEGIN; SELECT leasewrap.fence(:'name', :'token'); the writes; \
-COMMIT; with psql -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\". The fence locks \
-NAME's row until the transaction ends, so a newer holder waits for an older one's transaction and then \
-sees what it committed; a lower token than the one recorded is refused with SQLSTATE LWF01 before the \
-transaction writes anything, and bad input (an empty NAME, a token outside 0 to 2^64-1) with LWF02.",
-        after_help = "Only PostgreSQL (9.5 or later; tested with 15) is known: MariaDB and MySQL have no fence yet. \
-fence-sql connects to nothing; see docs/fencing.md for psql and psycopg, isolation levels, and how to \
-bound the row lock of a paused holder (idle_in_transaction_session_timeout, lock_timeout, TCP keepalives)."
+        long_about = "Print the SQL that installs the database fence of DATABASE: PostgreSQL's schema \
+leasewrap (the table leasewrap.fence, one row per lease NAME with the highest fencing token committed \
+under it, and the function leasewrap.fence(name, token)), or MariaDB's database leasewrap (the same \
+table, and the procedure leasewrap.fence(name, token)). Install it as a superuser (root on MariaDB), \
+with a client that reads no rc or option file and stops at the first error: \
+leasewrap fence-sql postgres | psql -X -v ON_ERROR_STOP=1 -d DB -f -, or \
+leasewrap fence-sql mariadb | mariadb --no-defaults --user=root. Running it again upgrades an older \
+fence, keeps what an administrator set (grants, the function's lock_timeout), and refuses, changing \
+nothing, what it did not make (a schema or database leasewrap of another role). The package also ships \
+both as /usr/share/leasewrap/sql/postgres-fence.sql and mariadb-fence.sql. Jobs get no rights on the \
+tables: an administrator lets a job's role (user) fence a NAME or a PREFIX* with \
+SELECT leasewrap.allow('report_job', 'report') (CALL on MariaDB), which also grants EXECUTE. A job \
+calls the fence first in its own transaction: BEGIN; SELECT leasewrap.fence(:'name', :'token'); the \
+writes; COMMIT; with psql -X -v ON_ERROR_STOP=1 -v name=\"$LEASEWRAP_NAME\" \
+-v token=\"$LEASEWRAP_FENCING_TOKEN\". The fence locks NAME's row until the transaction ends, so a \
+newer holder waits for an older one's transaction (bounded: PostgreSQL's lock_timeout of the function, \
+2min; MariaDB's innodb_lock_wait_timeout) and then sees what it committed; a lower token than the one \
+recorded is refused with SQLSTATE LWF01 before the transaction writes anything; bad input (a NAME that \
+is not a lease name, a token that is not a decimal from 0 to 2^64-1) with LWF02; a NAME the role may \
+not fence with 42501 (42000 on MariaDB); a call inside a savepoint (PostgreSQL) or outside a \
+transaction (MariaDB) with LWF03.",
+        after_help = "fence-sql connects to nothing. MySQL has no fence: the MariaDB script uses MariaDB's own \
+statements. See docs/fencing.md for psql, psycopg, the mariadb client and PyMySQL, isolation levels, \
+savepoints, several names in one transaction, and which timeout frees the row of a paused holder in \
+which state (idle_in_transaction_session_timeout, tcp_user_timeout, net_write_timeout)."
     )]
     FenceSql(FenceSqlArgs),
 }
@@ -192,6 +205,8 @@ pub struct FenceSqlArgs {
 pub enum FenceSqlDatabase {
     /// PostgreSQL 9.5 or later
     Postgres,
+    /// MariaDB 10.4 or later (not MySQL)
+    Mariadb,
 }
 
 /// How to take the lease and run the child.

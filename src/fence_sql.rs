@@ -10,10 +10,14 @@ use crate::error::Error;
 /// sql/postgres-fence.sql, also installed as /usr/share/leasewrap/sql/postgres-fence.sql.
 pub const POSTGRES: &str = include_str!("../sql/postgres-fence.sql");
 
+/// sql/mariadb-fence.sql, also installed as /usr/share/leasewrap/sql/mariadb-fence.sql.
+pub const MARIADB: &str = include_str!("../sql/mariadb-fence.sql");
+
 /// The fence's SQL for `database`.
 pub const fn text(database: FenceSqlDatabase) -> &'static str {
     match database {
         FenceSqlDatabase::Postgres => POSTGRES,
+        FenceSqlDatabase::Mariadb => MARIADB,
     }
 }
 

@@ -169,7 +169,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__fence__subcmd__sql)
-            opts="-h --help postgres"
+            opts="-h --help postgres mariadb"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -6,6 +6,7 @@
 //! A stale generated file fails its test;
 //! `LEASEWRAP_BLESS=1 cargo test --test integration docs::` rewrites it.
 
+mod clients;
 mod examples;
 mod man;
 mod readme;
@@ -318,18 +319,10 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
             .into_iter()
             .map(|(n, _)| format!("packaging/completions/{n}")),
     );
-    for unit in fs::read_dir(root().join("packaging/systemd"))
-        .unwrap()
-        .flatten()
-    {
-        shipped.push(format!(
-            "packaging/systemd/{}",
-            unit.file_name().to_string_lossy()
-        ));
-    }
+    shipped.extend(files_in("packaging/systemd"));
     shipped.push("packaging/cron/leasewrap.cron".into());
     shipped.push("packaging/leasewrap.env".into());
-    shipped.push("sql/postgres-fence.sql".into());
+    shipped.extend(files_in("sql"));
     for file in &shipped {
         assert!(
             sources.contains(file.as_str()),
@@ -341,6 +334,14 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
         !toml.contains("systemd-units"),
         "units are installed, never enabled"
     );
+}
+
+/// The files of the repository's `dir`, as `dir/name`.
+fn files_in(dir: &str) -> Vec<String> {
+    let entries = fs::read_dir(root().join(dir)).unwrap().flatten();
+    entries
+        .map(|e| format!("{dir}/{}", e.file_name().to_string_lossy()))
+        .collect()
 }
 
 /// Whether `tool --version` runs; the message names what to install when it does not.

@@ -11,7 +11,9 @@
 //! - `local`: the local backend (flock + token file).
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
-//! - `postgres`: the database fence against a real PostgreSQL 15 (SPEC §7, §9 F16).
+//! - `dbfence`: the database fence's scenarios, the same on every server (SPEC §9 F16).
+//! - `postgres`, `mariadb`: the database fence against a real PostgreSQL 15 and MariaDB 10.11
+//!   (SPEC §7, §9 F16), their other roles and users included.
 //! - `security`: hostile state directories, fence files, temp names and lease names.
 //! - `shape`: the code's own shape (no function in src/ over 50 lines).
 //! - `usage`: a new user's mistakes on the command line: one line saying what to type, 64.
@@ -32,11 +34,13 @@ mod bench_prom;
 #[path = "../../benches/figures/stats.rs"]
 mod bench_stats;
 
+mod dbfence;
 mod docs;
 mod etcd;
 mod fence;
 mod harness;
 mod local;
+mod mariadb;
 mod once;
 mod operating;
 mod postgres;

@@ -1,326 +1,152 @@
 //! The database fence (SPEC §7, sql/postgres-fence.sql) against a real PostgreSQL 15: the
-//! seed's paused holder replayed inside a transaction (SPEC §9 F16), a holder's session ended by
-//! idle_in_transaction_session_timeout, eight holders in turn, bad input, `fence-sql`, and jobs
-//! run by leasewrap on the local backend and on etcd.
+//! scenarios of `dbfence` (the seed's paused holder replayed inside a transaction, SPEC §9 F16;
+//! eight holders in turn; jobs run by leasewrap), a holder's session ended by
+//! idle_in_transaction_session_timeout, isolation levels, bad input and `fence-sql`. The
+//! database's other roles are in `neighbours`, installing and upgrading in `install`.
 //!
-//! Every test has a database of its own on the one shared server. A holder's job is psql
-//! running a script file; where the test must act in the middle of it, the script writes a
-//! marker file (`\!`) and waits for the test's `go` file, with a bound.
+//! Every test has a database of its own on the one shared server, and its jobs log in as a
+//! role of their own that may fence the test's lease name only.
+
+mod install;
+mod neighbours;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::Pid;
-
-use crate::support::etcd::{self, Etcd, Version};
+use crate::dbfence::{self, wait_for_lock_wait, Db, Lease, Replay, Resume, Server, BOUND};
+use crate::support::etcd::{self, Version};
 use crate::support::postgres::{self, Postgres, PSQL};
-use crate::support::{
-    assert_exit, atomically, comm, is_stopped, ppid_of, q, read_line_file, read_pid, wait_for_file,
-    wait_until, Leasewrap, Running, Sandbox, STARTUP,
-};
-
-/// Bound on anything that should take about a TTL or less, generous for a loaded 2-core machine.
-const BOUND: Duration = Duration::from_secs(15);
+use crate::support::{assert_exit, q, wait_for_file, Leasewrap, Output, Sandbox};
 
 /// The shipped file that `fence-sql postgres` prints.
-const FENCE_SQL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/postgres-fence.sql");
+pub const FENCE_SQL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/postgres-fence.sql");
 
-/// The job's table: one row whose total each holder adds to after reading it, and a log of
-/// every committed update, in commit order.
+/// The job's tables (see `dbfence::Db`).
 const REPORT_TABLES: &str = "
-CREATE TABLE report (id int PRIMARY KEY, total int NOT NULL, by text NOT NULL, token numeric NOT NULL);
+CREATE TABLE report (id int PRIMARY KEY, total int NOT NULL, who text NOT NULL, token numeric NOT NULL);
 INSERT INTO report VALUES (1, 0, 'nobody', 0);
 CREATE TABLE report_log (seq bigserial PRIMARY KEY, who text NOT NULL, token numeric NOT NULL, total int NOT NULL);";
 
-/// A database for one test, with the fence installed from the shipped file and the report tables.
+/// The shared server, as the scenarios see it.
+pub struct Pg(pub &'static Postgres);
+
+pub fn pg() -> Pg {
+    Pg(postgres::shared())
+}
+
+/// Installs the fence from the shipped file in `db`, as the superuser.
 #[track_caller]
-fn report_db(pg: &Postgres, label: &str) -> String {
-    let db = pg.database(label);
-    let out = pg.psql_file(&db, &[], Path::new(FENCE_SQL));
+pub fn install(pg: &Postgres, db: &str) {
+    let out = pg.psql_file(db, &[], Path::new(FENCE_SQL));
     assert!(out.status.success(), "installing the fence: {}", out.stderr);
-    pg.psql_ok(&db, REPORT_TABLES);
-    db
 }
 
-/// Where a holder's job stops for the test: it writes `LABEL.paused`, then waits for `LABEL.go`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pause {
-    Nowhere,
-    BeforeFence,
-    AfterFence,
-    /// Sleeps this many milliseconds after its fence, and waits for nothing.
-    Sleep(u64),
+/// A login role of the test's own (roles are the server's, not the database's).
+#[track_caller]
+pub fn role(pg: &Postgres, db: &str, suffix: &str) -> String {
+    let role = format!("{db}_{suffix}");
+    pg.psql_ok(db, &format!("CREATE ROLE {role} LOGIN"));
+    role
 }
 
-/// A holder's job as a psql script: fence, read the total, add `add` to it, log it, commit.
-fn holder_sql(sb: &Sandbox, label: &str, add: u32, pause: Pause) -> PathBuf {
-    let wait = format!(
-        "\\! touch {paused}; i=0; while [ ! -e {go} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i + 1)); done",
-        paused = q(&sb.path(&format!("{label}.paused"))),
-        go = q(&sb.path(&format!("{label}.go"))),
-    );
-    let at = |here: Pause| match pause {
-        Pause::Sleep(ms) if here == Pause::AfterFence => {
-            format!("\\! sleep {}", ms as f64 / 1000.0)
+impl Pg {
+    /// `report_db`, with `before_install` run on the new database (as the superuser) first.
+    pub fn report_db_with(&self, label: &str, before_install: &str) -> Db {
+        let name = self.0.database(label);
+        if !before_install.is_empty() {
+            self.0.psql_ok(&name, &before_install.replace("DB", &name));
         }
-        _ if pause == here => wait.clone(),
-        _ => String::new(),
-    };
-    let script = format!(
-        "{before}
+        install(self.0, &name);
+        self.0.psql_ok(&name, REPORT_TABLES);
+        let job = role(self.0, &name, "job");
+        self.0.psql_ok(
+            &name,
+            &format!(
+                "GRANT SELECT, INSERT, UPDATE ON report, report_log TO {job};
+                 GRANT USAGE ON SEQUENCE report_log_seq_seq TO {job};
+                 SELECT leasewrap.allow('{job}', '{name}');"
+            ),
+        );
+        Db {
+            lease: name.clone(),
+            name,
+            job,
+        }
+    }
+}
+
+impl Server for Pg {
+    fn report_db(&self, label: &str) -> Db {
+        self.report_db_with(label, "")
+    }
+
+    fn holder_script(&self, label: &str, add: u32, before: &str, after: &str) -> String {
+        format!(
+            "{before}
 BEGIN;
 SELECT leasewrap.fence(:'name', :'token');
 SELECT total FROM report WHERE id = 1 \\gset
 {after}
-UPDATE report SET total = :total + {add}, by = '{label}', token = :'token' WHERE id = 1;
+UPDATE report SET total = :total + {add}, who = '{label}', token = :'token' WHERE id = 1;
 INSERT INTO report_log (who, token, total) VALUES ('{label}', :'token', :total + {add});
 COMMIT;
-",
-        before = at(Pause::BeforeFence),
-        after = at(Pause::AfterFence),
-    );
-    let path = sb.path(&format!("{label}.sql"));
-    fs::write(&path, script).unwrap();
-    path
-}
+"
+        )
+    }
 
-/// The lease a holder takes.
-#[derive(Clone, Copy)]
-enum Lease<'a> {
-    Local,
-    /// etcd, under this prefix, with a 2 s TTL.
-    Etcd(&'a Etcd, &'a str),
-}
+    fn job_line(&self, db: &Db, script: &Path, err: &Path) -> String {
+        let env: Vec<String> = self
+            .0
+            .env(&db.name)
+            .iter()
+            .map(|(k, v)| format!("{k}={}", q(Path::new(v))))
+            .collect();
+        format!(
+            "{} PGUSER={} {PSQL} -X -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose \
+             -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\" -f {} 2>{}",
+            env.join(" "),
+            db.job,
+            q(script),
+            q(err)
+        )
+    }
 
-/// leasewrap --name report running `script` with psql on `db`: the child writes LABEL.pid and
-/// LABEL.token first, psql's stderr goes to LABEL.err and its status to LABEL.status.
-fn holder(
-    sb: &Sandbox,
-    pg: &Postgres,
-    db: &str,
-    lease: Lease,
-    label: &str,
-    script: &Path,
-) -> Leasewrap {
-    let p = |ext: &str| sb.path(&format!("{label}.{ext}"));
-    let shell = format!(
-        "{pid}; {token}
-         {PSQL} -X -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -v name=\"$LEASEWRAP_NAME\" \
-           -v token=\"$LEASEWRAP_FENCING_TOKEN\" -f {script} 2>{err}
-         {status}",
-        pid = atomically("echo $$", &p("pid")),
-        token = atomically("echo $LEASEWRAP_FENCING_TOKEN", &p("token")),
-        script = q(script),
-        err = q(&p("err")),
-        status = atomically("echo $?", &p("status")),
-    );
-    let lw = match lease {
-        Lease::Local => sb.leasewrap(),
-        Lease::Etcd(etcd, prefix) => sb
-            .leasewrap()
-            .on_etcd(&etcd.endpoint(), prefix)
-            .args(&["--ttl", "2s"]),
-    };
-    let lw = pg.env(db).into_iter().fold(lw, |lw, (k, v)| lw.env(&k, v));
-    lw.name("report").shell(&shell)
-}
+    fn rows(&self, db: &str, sql: &str) -> Vec<Vec<String>> {
+        let out = self.0.psql_ok(db, sql);
+        let fields = |l: &str| l.split('|').map(str::to_owned).collect();
+        out.lines().filter(|l| !l.is_empty()).map(fields).collect()
+    }
 
-/// What a holder's child wrote in LABEL.EXT, once complete.
-fn mark(sb: &Sandbox, label: &str, ext: &str) -> String {
-    read_line_file(&sb.path(&format!("{label}.{ext}")), BOUND)
-}
+    fn lock_waiters(&self, db: &str, fragment: &str) -> usize {
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND strpos(query, '{}') > 0",
+            fragment.replace('\'', "''")
+        );
+        self.0.psql_ok(db, &sql).parse().unwrap()
+    }
 
-/// A holder's psql's stderr.
-fn mark_err(sb: &Sandbox, label: &str) -> String {
-    fs::read_to_string(sb.path(&format!("{label}.err"))).unwrap_or_default()
-}
-
-/// (who, token, total) of every committed update, in commit order.
-fn report_log(pg: &Postgres, db: &str) -> Vec<(String, u64, i64)> {
-    let rows = pg.psql_ok(db, "SELECT who, token, total FROM report_log ORDER BY seq");
-    rows.lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split('|').collect();
-            (
-                f[0].to_owned(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// The report row: total and who wrote it last.
-fn report(pg: &Postgres, db: &str) -> String {
-    pg.psql_ok(db, "SELECT total || ' by ' || by FROM report WHERE id = 1")
+    fn failed_status(&self) -> &'static str {
+        "3"
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The seed's case, replayed in the database (SPEC §9 F16).
 
-/// How the paused holder A is resumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Resume {
-    /// Its child first, told to go on: it commits at once, before its watchdog runs again.
-    ChildCommits,
-    /// Its watchdog and leasewrap with the child: the child is killed before it goes on.
-    WatchdogKills,
-}
-
-/// The seed's two holders on etcd (2 s TTL) and one database: A, its whole tree stopped where
-/// its job pauses, and B, started once A is stopped; A adds 1 to the report's total, B 10.
-struct Replay {
-    pg: &'static Postgres,
-    db: String,
-    /// The holders' scripts and marks.
-    sb: Sandbox,
-    a: Running,
-    /// A's leasewrap and watchdog, stopped.
-    a_lease: (i32, i32),
-    /// A's child (the leader of its process group), stopped.
-    a_child: i32,
-    b: Running,
-}
-
-impl Replay {
-    /// `db_setup` runs on the database before A starts.
-    fn start(label: &str, a_pause: Pause, db_setup: &str) -> Replay {
-        let (pg, etcd) = (postgres::shared(), etcd::shared(Version::V3_5));
-        let db = report_db(pg, label);
-        if !db_setup.is_empty() {
-            pg.psql_ok(&db, &db_setup.replace("DB", &db));
-        }
-        let prefix = etcd::unique_prefix(&format!("pg_{label}"));
-        let (sb, lease) = (Sandbox::new(), Lease::Etcd(etcd, &prefix));
-        let a_sql = holder_sql(&sb, "A", 1, a_pause);
-        let a = holder(&sb, pg, &db, lease, "A", &a_sql).spawn();
-        wait_for_file(&sb.path("A.paused"), STARTUP + BOUND);
-        let (a_lease, a_child) = stop_tree(&sb, "A", &a);
-        let b_sql = holder_sql(&sb, "B", 10, Pause::Nowhere);
-        let b = holder(&sb, pg, &db, lease, "B", &b_sql).spawn();
-        Replay {
-            pg,
-            db,
-            sb,
-            a,
-            a_lease,
-            a_child,
-            b,
-        }
-    }
-
-    /// Resumes A's child, telling it to go on, and returns its psql's status.
-    fn resume_child(&self) -> String {
-        fs::write(self.sb.path("A.go"), "").unwrap();
-        killpg(Pid::from_raw(self.a_child), Signal::SIGCONT).unwrap();
-        mark(&self.sb, "A", "status")
-    }
-
-    /// Resumes A's watchdog and leasewrap (and its child, if still stopped); A then ends.
-    fn resume_lease(&mut self) {
-        resume_tree(self.a_lease, self.a_child);
-        self.a.wait_timeout(BOUND);
-    }
-
-    #[track_caller]
-    fn b_succeeds(&mut self) {
-        self.b.wait_timeout(2 * BOUND);
-        assert_exit(&self.b, 0);
-    }
-
-    fn a_err(&self) -> String {
-        mark_err(&self.sb, "A")
-    }
-
-    /// Only B's update landed, on the report's initial 0.
-    #[track_caller]
-    fn only_b_landed(&self) {
-        assert_eq!(report(self.pg, &self.db), "10 by B");
-        assert_eq!(
-            report_log(self.pg, &self.db).len(),
-            1,
-            "only B's update landed"
-        );
-    }
-}
-
-/// Stops the whole tree of `label`'s holder, whose leasewrap is `lw`; returns (leasewrap,
-/// watchdog) and the child.
-fn stop_tree(sb: &Sandbox, label: &str, lw: &Running) -> ((i32, i32), i32) {
-    let child = read_pid(&sb.path(&format!("{label}.pid")), BOUND);
-    let watchdog = ppid_of(child).expect("the child has a parent");
-    assert_eq!(
-        comm(watchdog),
-        "leasewrap-wd",
-        "the child's parent is the watchdog"
-    );
-    for pid in [lw.pid(), watchdog] {
-        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
-    }
-    killpg(Pid::from_raw(child), Signal::SIGSTOP).unwrap();
-    wait_until(BOUND, &format!("{label}'s tree to be stopped"), || {
-        [lw.pid(), watchdog, child]
-            .iter()
-            .all(|&pid| is_stopped(pid))
-    });
-    ((lw.pid(), watchdog), child)
-}
-
-/// SIGCONT to a stopped holder's child (its process group), watchdog and leasewrap.
-fn resume_tree((leasewrap, watchdog): (i32, i32), child: i32) {
-    killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
-    kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
-    kill(Pid::from_raw(leasewrap), Signal::SIGCONT).unwrap();
-}
-
-/// A fences and reads, then its tree is stopped past its TTL; B takes the lease and its fence
-/// waits for A's row; A is resumed as `resume` says; B commits. B's update is built on whatever
-/// A committed.
-fn replay_paused_inside_its_transaction(resume: Resume) {
-    let mut r = Replay::start("paused_inside", Pause::AfterFence, "");
-    r.pg.wait_for_lock_wait(&r.db, "leasewrap.fence", 2 * BOUND);
-    if resume == Resume::ChildCommits {
-        assert_eq!(r.resume_child(), "0", "A's commit: {}", r.a_err());
-    }
-    r.resume_lease();
-    r.b_succeeds();
-    let log = report_log(r.pg, &r.db);
-    let a_committed = log.iter().any(|(who, _, _)| who == "A");
-    assert_eq!(a_committed, resume == Resume::ChildCommits, "log: {log:?}");
-    let total = 10 + i64::from(a_committed);
-    let b_token: u64 = mark(&r.sb, "B", "token").parse().unwrap();
-    let b_update = ("B".to_owned(), b_token, total);
-    assert_eq!(log.last(), Some(&b_update), "log: {log:?}");
-    assert_eq!(report(r.pg, &r.db), format!("{total} by B"));
-}
-
 #[test]
 fn a_holder_paused_inside_its_transaction_commits_first_and_the_next_builds_on_it() {
-    replay_paused_inside_its_transaction(Resume::ChildCommits);
+    dbfence::replay_paused_inside_its_transaction(&pg(), Resume::ChildCommits);
 }
 
 #[test]
 fn a_holder_paused_inside_its_transaction_is_killed_and_the_next_loses_no_update() {
-    replay_paused_inside_its_transaction(Resume::WatchdogKills);
+    dbfence::replay_paused_inside_its_transaction(&pg(), Resume::WatchdogKills);
 }
 
 #[test]
 fn a_holder_paused_before_its_fence_is_refused_and_the_next_holder_s_data_stays() {
-    let mut r = Replay::start("paused_before", Pause::BeforeFence, "");
-    r.b_succeeds();
-    assert_eq!(r.resume_child(), "3", "A's psql stops at its refused fence");
-    r.resume_lease();
-    let (a_token, b_token) = (mark(&r.sb, "A", "token"), mark(&r.sb, "B", "token"));
-    let err = r.a_err();
-    assert!(
-        err.contains("LWF01"),
-        "A's error has the fence's SQLSTATE: {err}"
-    );
-    let stale = format!("stale fencing token {a_token} for \"report\": {b_token} is recorded");
-    assert!(err.contains(&stale), "A's error names both tokens: {err}");
-    r.only_b_landed();
+    dbfence::replay_paused_before_its_fence(&pg());
 }
 
 /// A frozen holder whose connection stays open (its whole tree stopped, as a host that froze or
@@ -330,8 +156,9 @@ fn a_holder_paused_before_its_fence_is_refused_and_the_next_holder_s_data_stays(
 fn idle_in_transaction_session_timeout_ends_a_frozen_holder_s_transaction_and_the_next_goes_on() {
     // Longer than B needs to take the lease (the 2 s TTL), so that B is seen waiting first.
     let timeout = "ALTER DATABASE DB SET idle_in_transaction_session_timeout = '8s'";
-    let mut r = Replay::start("idle_timeout", Pause::AfterFence, timeout);
-    r.pg.wait_for_lock_wait(&r.db, "leasewrap.fence", 2 * BOUND);
+    let pg = pg();
+    let mut r = Replay::start(&pg, "idle_timeout", dbfence::Pause::AfterFence, timeout);
+    wait_for_lock_wait(&pg, &r.db.name, "leasewrap.fence", 2 * BOUND);
     r.b_succeeds();
     assert_ne!(
         r.resume_child(),
@@ -347,21 +174,42 @@ fn idle_in_transaction_session_timeout_ends_a_frozen_holder_s_transaction_and_th
     r.only_b_landed();
 }
 
+#[test]
+fn eight_holders_queued_on_the_local_backend_commit_in_token_order_and_a_stale_one_is_refused() {
+    dbfence::eight_holders_queued_on_the_local_backend(&pg());
+}
+
+#[test]
+fn eight_holders_on_etcd_paused_at_random_commit_non_decreasing_tokens_and_no_stale_commit_lands() {
+    dbfence::eight_holders_on_etcd_paused_at_random(&pg());
+}
+
+#[test]
+fn a_job_run_by_leasewrap_on_the_local_backend_fences_with_its_token() {
+    dbfence::jobs_run_by_leasewrap_record_their_tokens(&pg(), Lease::Local);
+}
+
+#[test]
+fn a_job_run_by_leasewrap_on_etcd_fences_with_its_token() {
+    let etcd = etcd::shared(Version::V3_5);
+    let prefix = etcd::unique_prefix("pg_run_by_leasewrap");
+    dbfence::jobs_run_by_leasewrap_record_their_tokens(&pg(), Lease::Etcd(etcd, &prefix));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fence's own rules.
 
-/// A psql session of the test's own, in a thread, that runs `lines` and then waits for the file
-/// LABEL.go before it commits.
-fn session_holding(
+/// A psql session of the test's own, as the superuser, in a thread, that runs `lines` and then
+/// waits for the file LABEL.go before it commits.
+pub fn session_holding(
     sb: &Sandbox,
     (pg, db): (&'static Postgres, &str),
     label: &str,
     lines: &str,
-) -> std::thread::JoinHandle<crate::support::Output> {
-    let go = q(&sb.path(&format!("{label}.go")));
+) -> std::thread::JoinHandle<Output> {
     let script = format!(
-        "BEGIN;\n{lines}\n\\! touch {paused}; i=0; while [ ! -e {go} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i + 1)); done\nCOMMIT;\n",
-        paused = q(&sb.path(&format!("{label}.paused"))),
+        "BEGIN;\n{lines}\n{}\nCOMMIT;\n",
+        dbfence::wait_line(sb, label)
     );
     let path = sb.path(&format!("{label}.sql"));
     fs::write(&path, script).unwrap();
@@ -371,21 +219,29 @@ fn session_holding(
     thread
 }
 
+/// `sql` on the shared server in a thread of its own.
+fn in_thread(pg: &'static Postgres, db: &str, sql: &str) -> std::thread::JoinHandle<Output> {
+    let (db, sql) = (db.to_owned(), sql.to_owned());
+    std::thread::spawn(move || pg.psql(&db, &sql))
+}
+
 /// PostgreSQL's INSERT docs: with ON CONFLICT DO UPDATE ... WHERE, "only rows for which this
 /// expression returns true will be updated, although all rows will be locked". The fence relies
 /// on it: a stale fence's statement locks the row just as a fresh one's does.
 #[test]
 fn on_conflict_do_update_locks_the_row_even_when_its_where_is_false() {
-    let pg = postgres::shared();
-    let (db, sb) = (report_db(pg, "locks_on_false_where"), Sandbox::new());
-    pg.psql_ok(&db, "SELECT leasewrap.fence('report', 5)");
-    let stale_upsert = "INSERT INTO leasewrap.fence AS f (name, token) VALUES ('report', 3) \
-        ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token;";
-    let holding = session_holding(&sb, (pg, &db), "S", stale_upsert);
-    let out = pg.psql(
-        &db,
-        "SELECT token FROM leasewrap.fence WHERE name = 'report' FOR UPDATE NOWAIT",
+    let pg = pg();
+    let (db, sb) = (pg.report_db("locks_on_false_where"), Sandbox::new());
+    let (name, lease) = (&db.name, &db.lease);
+    pg.0.psql_ok(name, &format!("SELECT leasewrap.fence('{lease}', 5)"));
+    let stale_upsert = format!(
+        "INSERT INTO leasewrap.fence AS f (name, token) VALUES ('{lease}', 3) \
+         ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token;"
     );
+    let holding = session_holding(&sb, (pg.0, name), "S", &stale_upsert);
+    let locked =
+        format!("SELECT token FROM leasewrap.fence WHERE name = '{lease}' FOR UPDATE NOWAIT");
+    let out = pg.0.psql(name, &locked);
     assert!(
         out.stderr.contains("55P03"),
         "the row is locked: {}",
@@ -393,29 +249,26 @@ fn on_conflict_do_update_locks_the_row_even_when_its_where_is_false() {
     );
     fs::write(sb.path("S.go"), "").unwrap();
     assert!(holding.join().unwrap().status.success());
-    assert_eq!(pg.psql_ok(&db, "SELECT token FROM leasewrap.fence"), "5");
+    assert_eq!(dbfence::recorded(&pg, &db), "5");
 }
 
 #[test]
 fn a_stale_fence_waits_for_the_holder_s_transaction_then_is_refused_naming_both_tokens() {
-    let pg = postgres::shared();
-    let (db, sb) = (report_db(pg, "stale_waits"), Sandbox::new());
-    let holding = session_holding(&sb, (pg, &db), "S", "SELECT leasewrap.fence('report', 5);");
-    let stale = std::thread::spawn({
-        let db = db.clone();
-        move || pg.psql(&db, "SELECT leasewrap.fence('report', 3)")
-    });
-    pg.wait_for_lock_wait(&db, "leasewrap.fence('report', 3)", BOUND);
+    let pg = pg();
+    let (db, sb) = (pg.report_db("stale_waits"), Sandbox::new());
+    let fence = |token: u32| format!("SELECT leasewrap.fence('{}', {token});", db.lease);
+    let holding = session_holding(&sb, (pg.0, &db.name), "S", &fence(5));
+    let stale = in_thread(pg.0, &db.name, &fence(3));
+    wait_for_lock_wait(&pg, &db.name, &fence(3)[..30], BOUND);
     fs::write(sb.path("S.go"), "").unwrap();
     assert!(holding.join().unwrap().status.success());
     let out = stale.join().unwrap();
     assert!(!out.status.success());
-    assert!(
-        out.stderr
-            .contains("LWF01: stale fencing token 3 for \"report\": 5 is recorded"),
-        "{}",
-        out.stderr
+    let refusal = format!(
+        "LWF01: stale fencing token 3 for \"{}\": 5 is recorded",
+        db.lease
     );
+    assert!(out.stderr.contains(&refusal), "{}", out.stderr);
 }
 
 /// Under REPEATABLE READ (and SERIALIZABLE) a newer holder's fence that waited for an older
@@ -423,17 +276,17 @@ fn a_stale_fence_waits_for_the_holder_s_transaction_then_is_refused_naming_both_
 /// failure (40001), a safe refusal, and the whole transaction is to be retried.
 #[test]
 fn a_fence_that_waited_under_repeatable_read_fails_to_serialize_and_its_retry_goes_on() {
-    let pg = postgres::shared();
-    let (db, sb) = (report_db(pg, "repeatable_read"), Sandbox::new());
-    pg.psql_ok(&db, "SELECT leasewrap.fence('report', 4)");
-    let holding = session_holding(&sb, (pg, &db), "S", "SELECT leasewrap.fence('report', 5);");
-    let newer =
-        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT leasewrap.fence('report', 6); COMMIT;";
-    let waiting = std::thread::spawn({
-        let db = db.clone();
-        move || pg.psql(&db, newer)
-    });
-    pg.wait_for_lock_wait(&db, "leasewrap.fence('report', 6)", BOUND);
+    let pg = pg();
+    let (db, sb) = (pg.report_db("repeatable_read"), Sandbox::new());
+    let fence = |token: u32| format!("SELECT leasewrap.fence('{}', {token});", db.lease);
+    pg.0.psql_ok(&db.name, &fence(4));
+    let holding = session_holding(&sb, (pg.0, &db.name), "S", &fence(5));
+    let newer = format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; {} COMMIT;",
+        fence(6)
+    );
+    let waiting = in_thread(pg.0, &db.name, &newer);
+    wait_for_lock_wait(&pg, &db.name, "REPEATABLE READ", BOUND);
     fs::write(sb.path("S.go"), "").unwrap();
     assert!(holding.join().unwrap().status.success());
     let out = waiting.join().unwrap();
@@ -442,300 +295,86 @@ fn a_fence_that_waited_under_repeatable_read_fails_to_serialize_and_its_retry_go
         "a serialization failure: {}",
         out.stderr
     );
-    assert_eq!(pg.psql_ok(&db, "SELECT token FROM leasewrap.fence"), "5");
-    pg.psql_ok(&db, newer);
-    assert_eq!(pg.psql_ok(&db, "SELECT token FROM leasewrap.fence"), "6");
+    assert_eq!(dbfence::recorded(&pg, &db), "5");
+    pg.0.psql_ok(&db.name, &newer);
+    assert_eq!(dbfence::recorded(&pg, &db), "6");
 }
 
-/// Each bad call fails with a clear error, and the transaction it opens writes nothing.
+/// Two transactions that fence two names in opposite orders deadlock; PostgreSQL ends one with
+/// 40P01 (nothing written: retry it) and the other goes on.
 #[test]
-fn bad_input_gets_a_clear_error_and_nothing_is_written() {
-    let pg = postgres::shared();
-    let (db, sb) = (report_db(pg, "bad_input"), Sandbox::new());
+fn two_names_fenced_in_opposite_orders_deadlock_and_one_transaction_gets_40p01() {
+    let pg = pg();
+    let (db, sb) = (pg.report_db("two_names"), Sandbox::new());
+    let (a, b) = (db.lease.clone(), format!("{}.b", db.lease));
+    pg.0.psql_ok(
+        &db.name,
+        &format!("SELECT leasewrap.allow('{}', '{b}')", db.job),
+    );
+    let fence = |name: &str| format!("SELECT leasewrap.fence('{name}', 1);");
+    let in_order = format!(
+        "{}\n{}\n{}",
+        fence(&a),
+        dbfence::wait_line(&sb, "S"),
+        fence(&b)
+    );
+    let first = session_holding(&sb, (pg.0, &db.name), "S", &in_order);
+    let opposite = format!("BEGIN; {} {} COMMIT;", fence(&b), fence(&a));
+    let second = in_thread(pg.0, &db.name, &opposite);
+    wait_for_lock_wait(&pg, &db.name, &format!("fence('{b}', 1); SELECT"), BOUND);
+    fs::write(sb.path("S.go"), "").unwrap();
+    let outs = [first.join().unwrap(), second.join().unwrap()];
+    let failed: Vec<&Output> = outs.iter().filter(|o| !o.status.success()).collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "one of the two: {:?}",
+        outs.iter().map(|o| &o.stderr).collect::<Vec<_>>()
+    );
+    assert!(failed[0].stderr.contains("40P01"), "{}", failed[0].stderr);
+}
+
+/// Each bad call fails with LWF02 (or a documented SQLSTATE) and a clear line, and the
+/// transaction it opens writes nothing.
+#[test]
+fn bad_input_gets_lwf02_or_a_documented_sqlstate_and_nothing_is_written() {
+    let pg = pg();
+    let (db, sb) = (pg.report_db("bad_input"), Sandbox::new());
     let script = sb.path("bad.sql");
-    fs::write(
-        &script,
-        "BEGIN;\nSELECT leasewrap.fence(:'name', :'token');\n\
-         INSERT INTO report_log (who, token, total) VALUES ('bad', 0, 0);\nCOMMIT;\n",
-    )
-    .unwrap();
-    let cases = [
-        ("report", "abc", "22P02: invalid input syntax for type numeric: \"abc\""),
-        ("report", "", "22P02: invalid input syntax for type numeric: \"\""),
-        ("", "7", "LWF02: leasewrap.fence: the lease NAME is empty or NULL"),
-        ("report", "18446744073709551616", "LWF02: leasewrap.fence: fencing token 18446744073709551616 for \"report\" is not a whole number from 0 to 18446744073709551615"),
-        ("report", "-1", "LWF02: leasewrap.fence: fencing token -1 for \"report\""),
-        ("report", "1.5", "LWF02: leasewrap.fence: fencing token 1.5 for \"report\""),
-        // numeric takes these too; they compare above every number.
-        ("report", "NaN", "LWF02: leasewrap.fence: fencing token NaN for \"report\""),
-        ("report", "Infinity", "LWF02: leasewrap.fence: fencing token Infinity for \"report\""),
+    let job = "BEGIN;\nSELECT leasewrap.fence(:'name', :'token');\n\
+               INSERT INTO report_log (who, token, total) VALUES ('bad', 0, 0);\nCOMMIT;\n";
+    fs::write(&script, job).unwrap();
+    let call = |name: &str, token: &str| {
+        pg.0.psql_file(&db.name, &[("name", name), ("token", token)], &script)
+    };
+    dbfence::bad_text_input_gets_lwf02(&pg, &db, call);
+    let lease = db.lease.as_str();
+    let typed = [
+        (format!("'{lease}', 1.5"), "LWF02"),
+        (format!("'{lease}', 'NaN'::numeric"), "LWF02"),
+        (
+            format!("'{lease}', NULL"),
+            "LWF02: leasewrap.fence: fencing token NULL",
+        ),
+        (
+            "NULL, 5".into(),
+            "LWF02: leasewrap.fence: the lease name NULL",
+        ),
+        (format!("'{lease}', 1.5::float8"), "42883"),
+        ("5, 5".into(), "42883"),
     ];
-    for (name, token, error) in cases {
-        let out = pg.psql_file(&db, &[("name", name), ("token", token)], &script);
-        assert_eq!(
-            out.status.code(),
-            Some(3),
-            "name {name:?} token {token:?}: {}",
-            out.stderr
-        );
-        assert!(
-            out.stderr.contains(error),
-            "name {name:?} token {token:?}: {}",
-            out.stderr
-        );
+    for (args, error) in &typed {
+        let out =
+            pg.0.psql(&db.name, &format!("SELECT leasewrap.fence({args})"));
+        assert!(out.stderr.contains(error), "{args}: {}", out.stderr);
     }
-    assert_eq!(pg.psql_ok(&db, "SELECT count(*) FROM report_log"), "0");
-    assert_eq!(pg.psql_ok(&db, "SELECT count(*) FROM leasewrap.fence"), "0");
-    let top = pg.psql_ok(
-        &db,
-        "SELECT leasewrap.fence('report', 18446744073709551615)",
-    );
-    assert_eq!(top, "18446744073709551615", "the highest u64 is a token");
-}
-
-// ---------------------------------------------------------------------------------------------
-// Holders in turn, and leasewrap itself.
-
-/// A number below `n`, different in each run.
-fn random_below(n: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(n);
-    h.finish() % n
-}
-
-#[test]
-fn eight_holders_queued_on_the_local_backend_commit_in_token_order_and_a_stale_one_is_refused() {
-    let pg = postgres::shared();
-    let (db, sb) = (report_db(pg, "eight_holders"), Sandbox::new());
-    let holders: Vec<_> = (0..8u64)
-        .map(|i| {
-            let label = format!("h{i}");
-            let sql = holder_sql(&sb, &label, 1, Pause::Sleep(random_below(200)));
-            holder(&sb, pg, &db, Lease::Local, &label, &sql).spawn()
-        })
-        .collect();
-    for (i, mut h) in holders.into_iter().enumerate() {
-        h.wait_timeout(8 * BOUND);
-        assert_exit(&h, 0);
-        assert_eq!(mark(&sb, &format!("h{i}"), "status"), "0");
-    }
-    let log = report_log(pg, &db);
-    assert_eq!(log.len(), 8, "every holder committed: {log:?}");
-    let tokens: Vec<u64> = log.iter().map(|(_, t, _)| *t).collect();
-    assert!(
-        tokens.windows(2).all(|w| w[0] <= w[1]),
-        "tokens in commit order: {tokens:?}"
-    );
-    let totals: Vec<i64> = log.iter().map(|(_, _, n)| *n).collect();
+    assert_eq!(dbfence::recorded(&pg, &db), "", "nothing recorded");
+    let top = format!("SELECT leasewrap.fence('{lease}', 18446744073709551615)");
     assert_eq!(
-        totals,
-        (1..=8).collect::<Vec<i64>>(),
-        "each built on the one before"
+        pg.0.psql_ok(&db.name, &top),
+        "18446744073709551615",
+        "the highest u64 is a token"
     );
-    let first = sb.path("h-stale.sql");
-    fs::copy(sb.path("h0.sql"), &first).unwrap();
-    let stale = pg.psql_file(
-        &db,
-        &[("name", "report"), ("token", &tokens[0].to_string())],
-        &first,
-    );
-    assert!(stale.stderr.contains("LWF01"), "{}", stale.stderr);
-    assert_eq!(report_log(pg, &db).len(), 8, "no stale commit landed");
-}
-
-/// Eight holders on etcd (2 s TTL), each stopping at a random point of its job (before or after
-/// its fence) for the test, which at random lets it go on or stops its whole tree past its TTL,
-/// and resumes it once the next holder has come (its pause, or its fence waiting on the row).
-struct Fleet {
-    pg: &'static Postgres,
-    db: String,
-    sb: Sandbox,
-    holders: Vec<Running>,
-    /// The labels whose pause the test has seen.
-    seen: Vec<String>,
-    /// Holders stopped by the test: (leasewrap, watchdog), child, label.
-    stopped: Vec<((i32, i32), i32, String)>,
-}
-
-const FLEET: usize = 8;
-
-impl Fleet {
-    fn start(etcd: &Etcd, prefix: &str) -> Fleet {
-        let pg = postgres::shared();
-        let (db, sb) = (report_db(pg, "fleet"), Sandbox::new());
-        let holders = (0..FLEET)
-            .map(|i| {
-                let label = format!("h{i}");
-                let at = [Pause::BeforeFence, Pause::AfterFence][random_below(2) as usize];
-                let sql = holder_sql(&sb, &label, 1, at);
-                holder(&sb, pg, &db, Lease::Etcd(etcd, prefix), &label, &sql).spawn()
-            })
-            .collect();
-        let (seen, stopped) = (Vec::new(), Vec::new());
-        Fleet {
-            pg,
-            db,
-            sb,
-            holders,
-            seen,
-            stopped,
-        }
-    }
-
-    /// A holder whose pause has not been seen yet and has come.
-    fn next_paused(&self) -> Option<usize> {
-        (0..FLEET).find(|i| {
-            let label = format!("h{i}");
-            !self.seen.contains(&label) && self.sb.path(&format!("{label}.paused")).exists()
-        })
-    }
-
-    /// Whether a fence waits on the row (then a stopped holder holds it).
-    fn a_fence_waits(&self) -> bool {
-        let sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                   AND wait_event_type = 'Lock' AND strpos(query, 'leasewrap.fence') > 0";
-        self.pg.psql_ok(&self.db, sql) != "0"
-    }
-
-    /// Handles the next event: a holder's pause, or a fence waiting behind a stopped holder.
-    fn step(&mut self) {
-        let mut next = None;
-        let last = self.seen.len() == FLEET;
-        wait_until(4 * BOUND, "a holder's pause, or a fence waiting", || {
-            next = self.next_paused();
-            next.is_some() || last || (!self.stopped.is_empty() && self.a_fence_waits())
-        });
-        let earlier = std::mem::take(&mut self.stopped);
-        if let Some(i) = next {
-            let label = format!("h{i}");
-            self.seen.push(label.clone());
-            if random_below(2) == 0 {
-                let (lease, child) = stop_tree(&self.sb, &label, &self.holders[i]);
-                self.stopped.push((lease, child, label));
-            } else {
-                fs::write(self.sb.path(&format!("{label}.go")), "").unwrap();
-            }
-        }
-        // A child resumed alone may wait on the row of the holder just stopped: then its
-        // watchdog must run too, or it would wait for ever.
-        let may_wait = self.stopped.is_empty();
-        for (lease, child, label) in earlier {
-            resume_in_random_order(&self.sb, &label, (lease, child), may_wait);
-        }
-    }
-
-    /// Each holder's psql either committed (status 0), was refused by the fence (3, LWF01), or
-    /// was killed by its watchdog (no status: before its commit, or just after it).
-    #[track_caller]
-    fn assert_each_committed_was_refused_or_was_killed(&self, log: &[(String, u64, i64)]) {
-        for i in 0..FLEET {
-            let (label, err) = (format!("h{i}"), mark_err(&self.sb, &format!("h{i}")));
-            let committed = log.iter().any(|(who, _, _)| *who == label);
-            let status = fs::read_to_string(self.sb.path(&format!("{label}.status")));
-            match status.as_deref().map(str::trim) {
-                Ok("0") => assert!(committed, "{label} exited 0 without its commit: {log:?}"),
-                Ok("3") => assert!(err.contains("LWF01"), "{label} was refused: {err}"),
-                Ok(other) => panic!("{label}'s psql exited {other}: {err}"),
-                Err(_) => {}
-            }
-        }
-    }
-}
-
-/// Tells a stopped holder's job to go on and resumes its tree: its child alone until its psql
-/// ends (when `may_wait`), its child first (it may commit before its watchdog runs), or its
-/// watchdog and leasewrap first (the child is killed at once when its deadline has passed).
-fn resume_in_random_order(
-    sb: &Sandbox,
-    label: &str,
-    (lease, child): ((i32, i32), i32),
-    may_wait: bool,
-) {
-    fs::write(sb.path(&format!("{label}.go")), "").unwrap();
-    let (leasewrap, watchdog) = lease;
-    match random_below(3) {
-        0 if may_wait => {
-            killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
-            mark(sb, label, "status");
-            resume_tree(lease, child);
-        }
-        0 | 1 => resume_tree(lease, child),
-        _ => {
-            kill(Pid::from_raw(watchdog), Signal::SIGCONT).unwrap();
-            kill(Pid::from_raw(leasewrap), Signal::SIGCONT).unwrap();
-            killpg(Pid::from_raw(child), Signal::SIGCONT).unwrap();
-        }
-    }
-}
-
-#[test]
-fn eight_holders_on_etcd_paused_at_random_commit_non_decreasing_tokens_and_no_stale_commit_lands() {
-    let etcd = etcd::shared(Version::V3_5);
-    let prefix = etcd::unique_prefix("pg_fleet");
-    let mut fleet = Fleet::start(etcd, &prefix);
-    while fleet.seen.len() < FLEET || !fleet.stopped.is_empty() {
-        fleet.step();
-    }
-    for h in &mut fleet.holders {
-        h.wait_timeout(4 * BOUND);
-    }
-    let log = report_log(fleet.pg, &fleet.db);
-    let tokens: Vec<u64> = log.iter().map(|(_, t, _)| *t).collect();
-    assert!(
-        tokens.windows(2).all(|w| w[0] <= w[1]),
-        "tokens in commit order: {log:?}"
-    );
-    let totals: Vec<i64> = log.iter().map(|(_, _, n)| *n).collect();
-    let expected: Vec<i64> = (1..=log.len() as i64).collect();
-    assert_eq!(
-        totals, expected,
-        "each update built on the one before: {log:?}"
-    );
-    fleet.assert_each_committed_was_refused_or_was_killed(&log);
-    let recorded = fleet
-        .pg
-        .psql_ok(&fleet.db, "SELECT token FROM leasewrap.fence");
-    assert_eq!(
-        recorded,
-        tokens.last().map_or(String::new(), u64::to_string)
-    );
-    let refused = (0..FLEET).filter(|i| mark_err(&fleet.sb, &format!("h{i}")).contains("LWF01"));
-    eprintln!(
-        "fleet: {} of {FLEET} committed, {} refused: {log:?}",
-        log.len(),
-        refused.count()
-    );
-}
-
-/// `leasewrap --name report -- sh -c 'psql ... -v token=$LEASEWRAP_FENCING_TOKEN ...'`, twice.
-fn jobs_run_by_leasewrap_record_their_tokens(lease: Lease) {
-    let pg = postgres::shared();
-    let (db, sb) = (report_db(pg, "run_by_leasewrap"), Sandbox::new());
-    let mut tokens = Vec::new();
-    for label in ["first", "second"] {
-        let sql = holder_sql(&sb, label, 1, Pause::Nowhere);
-        let out = holder(&sb, pg, &db, lease, label, &sql).output();
-        assert_exit(&out, 0);
-        assert_eq!(mark(&sb, label, "status"), "0", "{}", mark_err(&sb, label));
-        tokens.push(mark(&sb, label, "token").parse::<u64>().unwrap());
-    }
-    assert!(tokens[0] < tokens[1], "{tokens:?}");
-    let fence = pg.psql_ok(&db, "SELECT name || ' ' || token FROM leasewrap.fence");
-    assert_eq!(fence, format!("report {}", tokens[1]));
-    assert_eq!(report(pg, &db), "2 by second");
-}
-
-#[test]
-fn a_job_run_by_leasewrap_on_the_local_backend_fences_with_its_token() {
-    jobs_run_by_leasewrap_record_their_tokens(Lease::Local);
-}
-
-#[test]
-fn a_job_run_by_leasewrap_on_etcd_fences_with_its_token() {
-    let etcd = etcd::shared(Version::V3_5);
-    let prefix = etcd::unique_prefix("pg_run_by_leasewrap");
-    jobs_run_by_leasewrap_record_their_tokens(Lease::Etcd(etcd, &prefix));
 }
 
 #[test]
@@ -753,14 +392,18 @@ fn fence_sql_postgres_prints_the_shipped_file_and_installing_it_twice_works() {
         let install = pg.psql_file(&db, &[], &printed);
         assert!(install.status.success(), "{}", install.stderr);
     }
-    assert_eq!(pg.psql_ok(&db, "SELECT leasewrap.fence('report', 4)"), "4");
+    let job = role(pg, &db, "job");
+    pg.psql_ok(&db, &format!("SELECT leasewrap.allow('{job}', 'report')"));
+    let fenced = pg.psql_as(&job, &db, "SELECT leasewrap.fence('report', 4)");
+    assert_eq!(fenced.stdout.trim(), "4", "{}", fenced.stderr);
 }
 
 #[test]
-fn fence_sql_with_an_unknown_database_is_64_naming_the_known_one() {
+fn fence_sql_with_an_unknown_database_is_64_naming_the_known_ones() {
     let out = Leasewrap::subcommand("fence-sql").args(&["mysql"]).output();
     assert_exit(&out, 64);
     assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
     assert!(out.stderr.contains("postgres"), "{}", out.stderr);
+    assert!(out.stderr.contains("mariadb"), "{}", out.stderr);
     assert!(out.stdout.is_empty());
 }

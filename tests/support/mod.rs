@@ -1,12 +1,14 @@
 //! Test support: a builder over the built `leasewrap` binary, bounded waits on observable
 //! events, and `/proc` readers for checking what is left of a process tree. The servers the
-//! tests run against live in `etcd`, `postgres` and `zookeeper`.
+//! tests run against live in `etcd`, `postgres`, `mariadb` and `zookeeper`.
 //!
 //! Nothing here sleeps to "let things settle": every wait polls for an event and panics with
 //! what it was waiting for once its bound runs out.
 
+pub mod dbserver;
 pub mod etcd;
 mod job;
+pub mod mariadb;
 pub mod neighbour;
 pub mod postgres;
 pub mod proxy;

@@ -8,19 +8,18 @@
 //! their servers stopped, when the next one starts.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use super::user::{self, User, OTHER};
-use super::{comm, dirs_of_dead_processes, proc_state, run_bounded, wait_until, Output};
+use super::dbserver::{self, as_user, expect_success, Kind};
+use super::user::{self, OTHER};
+use super::{run_bounded, Output};
 
 /// Where Debian's postgresql-15 puts the server and client programs.
 pub const BIN_DIR: &str = "/usr/lib/postgresql/15/bin";
@@ -28,8 +27,14 @@ pub const BIN_DIR: &str = "/usr/lib/postgresql/15/bin";
 /// The psql of that server.
 pub const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
 
-/// How long the server may take to start or stop on a loaded 2-core machine.
-const SERVER_BOUND: Duration = Duration::from_secs(60);
+/// The scratch dirs of PostgreSQL servers; SIGQUIT is an immediate shutdown.
+const KIND: Kind = Kind {
+    slot: 0,
+    root: "leasewrap-postgres",
+    comm: "postgres",
+    pid_in: |dir| postmaster_pid(&dir.join("data")),
+    stop: Signal::SIGQUIT,
+};
 
 /// How long one psql of a test's own may run.
 const PSQL_BOUND: Duration = Duration::from_secs(30);
@@ -38,56 +43,51 @@ const PSQL_BOUND: Duration = Duration::from_secs(30);
 pub struct Postgres {
     /// The socket's directory: psql's `-h`.
     socket_dir: PathBuf,
+    /// The port: the socket's name, and on loopback (`start_on_loopback`) the TCP port.
+    port: u16,
     /// The postmaster's pid, from postmaster.pid.
     pid: i32,
     /// Last, so it is removed only after the server is stopped.
     _dir: TempDir,
 }
 
-/// The shared server's postmaster, for the exit hook; 0 before it starts.
-static SHARED_PID: AtomicI32 = AtomicI32::new(0);
-
 /// One server for the whole test binary, stopped when the process exits.
 pub fn shared() -> &'static Postgres {
     static SHARED: OnceLock<Postgres> = OnceLock::new();
-    SHARED.get_or_init(|| {
+    dbserver::shared(&SHARED, &KIND, || {
         let pg = Postgres::start();
-        SHARED_PID.store(pg.pid, Ordering::SeqCst);
-        // SAFETY: registers a plain extern "C" function that takes no lock and allocates nothing.
-        unsafe { libc::atexit(stop_shared_at_exit) };
-        pg
+        let pid = pg.pid;
+        (pg, pid)
     })
 }
 
-extern "C" fn stop_shared_at_exit() {
-    let pid = SHARED_PID.load(Ordering::SeqCst);
-    if pid > 0 {
-        // Immediate shutdown: the data dir is thrown away anyway.
-        let _ = kill(Pid::from_raw(pid), Signal::SIGQUIT);
-    }
-}
-
 impl Postgres {
-    /// initdb and start a server as the tests' user; fails with what to install when missing.
+    /// initdb and start a server as the tests' user on a Unix socket alone; fails with what to
+    /// install when missing.
     #[track_caller]
     pub fn start() -> Postgres {
-        let initdb = Path::new(BIN_DIR).join("initdb");
-        assert!(
-            initdb.is_file() && Path::new(PSQL).is_file(),
-            "PostgreSQL 15 is missing ({} not found): install the Debian package postgresql-15",
-            initdb.display()
-        );
+        Postgres::start_listening(None)
+    }
+
+    /// The same, listening on 127.0.0.1 too, on a free port.
+    #[track_caller]
+    pub fn start_on_loopback() -> Postgres {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        Postgres::start_listening(Some(port))
+    }
+
+    #[track_caller]
+    fn start_listening(tcp_port: Option<u16>) -> Postgres {
         let runner = user::other();
-        let dir = scratch_dir(runner);
+        let dir = dbserver::scratch_dir(&KIND, runner);
         let data = dir.path().join("data");
-        let init = as_user(runner, Command::new(&initdb))
-            .args(["-A", "trust", "-U", OTHER, "-E", "UTF8", "--no-sync", "-D"])
-            .arg(&data)
-            .output();
-        expect_success("initdb", init);
+        initdb(runner, &data);
         let log = dir.path().join("server.log");
+        let (listen, port) = tcp_port.map_or(("", 5432), |p| ("127.0.0.1", p));
         let options = format!(
-            "-k {} -c listen_addresses='' -c fsync=off",
+            "-k {} -c listen_addresses='{listen}' -p {port} -c fsync=off",
             dir.path().display()
         );
         let started = as_user(runner, Command::new(Path::new(BIN_DIR).join("pg_ctl")))
@@ -101,9 +101,17 @@ impl Postgres {
         let pid = postmaster_pid(&data).expect("postmaster.pid names the server");
         Postgres {
             socket_dir: dir.path().to_owned(),
+            port,
             pid,
             _dir: dir,
         }
+    }
+
+    /// The variables that point libpq at database `db` over TCP (a `start_on_loopback` server).
+    pub fn tcp_env(&self, db: &str) -> Vec<(String, String)> {
+        let mut env = self.env(db);
+        env[0].1 = "127.0.0.1".into();
+        env
     }
 
     /// A fresh database for one test, `label` in its name.
@@ -124,6 +132,7 @@ impl Postgres {
     pub fn env(&self, db: &str) -> Vec<(String, String)> {
         vec![
             ("PGHOST".into(), self.socket_dir.display().to_string()),
+            ("PGPORT".into(), self.port.to_string()),
             ("PGUSER".into(), OTHER.into()),
             ("PGDATABASE".into(), db.into()),
         ]
@@ -154,6 +163,13 @@ impl Postgres {
         run_bounded(cmd, PSQL_BOUND)
     }
 
+    /// psql on `db` as `role` (another role of the same database) with `sql` as its one command.
+    pub fn psql_as(&self, role: &str, db: &str, sql: &str) -> Output {
+        let mut cmd = self.psql_command(db);
+        cmd.env("PGUSER", role).args(["-c", sql]);
+        run_bounded(cmd, PSQL_BOUND)
+    }
+
     /// psql on `db` running the script `file`, with the psql variables `vars`.
     pub fn psql_file(&self, db: &str, vars: &[(&str, &str)], file: &Path) -> Output {
         let mut cmd = self.psql_command(db);
@@ -171,87 +187,33 @@ impl Postgres {
         assert!(out.status.success(), "psql {db} -c {sql:?}: {}", out.stderr);
         out.stdout.trim().to_owned()
     }
-
-    /// Waits until a session of `db` waits for a lock (pg_stat_activity's wait_event_type Lock)
-    /// in a statement that contains `query`.
-    #[track_caller]
-    pub fn wait_for_lock_wait(&self, db: &str, query: &str, bound: Duration) {
-        let sql = format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND strpos(query, '{}') > 0",
-            query.replace('\'', "''")
-        );
-        wait_until(
-            bound,
-            &format!("a session of {db} waiting on a lock in {query}"),
-            || self.psql_ok(db, &sql) != "0",
-        );
-    }
 }
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        stop(self.pid);
+        dbserver::stop(self.pid, KIND.stop);
     }
 }
 
-/// SIGQUIT (immediate shutdown) by pid, then wait until it is gone. A process that is a child
-/// subreaper (the benchmarks are) inherits the daemonized postmaster: then it is reaped here.
-fn stop(pid: i32) {
-    if kill(Pid::from_raw(pid), Signal::SIGQUIT).is_ok() {
-        wait_until(SERVER_BOUND, "the PostgreSQL server to stop", || {
-            let flag = Some(nix::sys::wait::WaitPidFlag::WNOHANG);
-            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), flag);
-            kill(Pid::from_raw(pid), None).is_err() || proc_state(pid) == Some('Z')
-        });
-    }
+/// initdb of `data` as `runner`, trusting every local connection; fails with what to install
+/// when PostgreSQL is missing.
+#[track_caller]
+fn initdb(runner: user::User, data: &Path) {
+    let initdb = Path::new(BIN_DIR).join("initdb");
+    assert!(
+        initdb.is_file() && Path::new(PSQL).is_file(),
+        "PostgreSQL 15 is missing ({} not found): install the Debian package postgresql-15",
+        initdb.display()
+    );
+    let init = as_user(runner, Command::new(&initdb))
+        .args(["-A", "trust", "-U", OTHER, "-E", "UTF8", "--no-sync", "-D"])
+        .arg(data)
+        .output();
+    expect_success("initdb", init);
 }
 
 /// The first line of DATA/postmaster.pid.
 fn postmaster_pid(data: &Path) -> Option<i32> {
     let text = fs::read_to_string(data.join("postmaster.pid")).ok()?;
     text.lines().next()?.trim().parse().ok()
-}
-
-/// `cmd` run as `runner`, from a directory it can read.
-fn as_user(runner: User, mut cmd: Command) -> Command {
-    cmd.uid(runner.uid).gid(runner.gid).current_dir("/");
-    cmd
-}
-
-#[track_caller]
-fn expect_success(what: &str, out: std::io::Result<std::process::Output>) {
-    let out = out.unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A temp dir owned by `runner`, named `<pid>-...` under one root; the dirs of dead test
-/// processes are removed first, their servers stopped.
-fn scratch_dir(runner: User) -> TempDir {
-    static SWEEP: Once = Once::new();
-    let root = std::env::temp_dir().join("leasewrap-postgres");
-    fs::create_dir_all(&root).unwrap_or_else(|e| panic!("cannot create {}: {e}", root.display()));
-    user::chmod(&root, 0o755);
-    SWEEP.call_once(|| sweep(&root));
-    let prefix = format!("{}-", std::process::id());
-    let dir = tempfile::Builder::new().prefix(&prefix).tempdir_in(&root);
-    let dir = dir.unwrap_or_else(|e| panic!("cannot create a temp dir in {}: {e}", root.display()));
-    runner.owns(dir.path());
-    dir
-}
-
-fn sweep(root: &Path) {
-    for dir in dirs_of_dead_processes(root) {
-        // The pid may have been given to another process since.
-        let server = postmaster_pid(&dir.join("data"));
-        if let Some(server) = server.filter(|&p| comm(p) == "postgres") {
-            stop(server);
-        }
-        let _ = fs::remove_dir_all(dir);
-    }
 }

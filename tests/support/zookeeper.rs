@@ -276,22 +276,7 @@ fn start_secure() -> Secure {
     fs::rename(dir.join("client.crt"), &other.0).expect("keep the other certificate");
     fs::rename(dir.join("client.key"), &other.1).expect("keep the other key");
     super::etcd::Tls::leaf(dir, "client", "/CN=leasewrap-test-client");
-    let key_and_cert = [&tls.server_key, &tls.server_cert]
-        .iter()
-        .map(|p| fs::read_to_string(p).expect("read the server's PEM"))
-        .collect::<String>();
-    let pem = dir.join("server.pem");
-    fs::write(&pem, key_and_cert).expect("write the server's PEM");
-    let jaas = dir.join("jaas.conf");
-    fs::write(
-        &jaas,
-        format!(
-            "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  user_{}=\"{}\"\n  user_eve=\"eve-secret\";\n}};\n",
-            Secure::SASL_USER,
-            Secure::SASL_PASSWORD
-        ),
-    )
-    .expect("write the JAAS file");
+    let (pem, jaas) = write_server_files(dir, &tls);
     let secure_port = free_port();
     let extra = vec![
         "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".into(),
@@ -317,6 +302,27 @@ fn start_secure() -> Secure {
         secure_port,
         _files: files,
     }
+}
+
+/// The server's key and certificate in one PEM, and the JAAS file of its SASL users.
+fn write_server_files(dir: &Path, tls: &super::etcd::Tls) -> (PathBuf, PathBuf) {
+    let key_and_cert = [&tls.server_key, &tls.server_cert]
+        .iter()
+        .map(|p| fs::read_to_string(p).expect("read the server's PEM"))
+        .collect::<String>();
+    let pem = dir.join("server.pem");
+    fs::write(&pem, key_and_cert).expect("write the server's PEM");
+    let jaas = dir.join("jaas.conf");
+    fs::write(
+        &jaas,
+        format!(
+            "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  user_{}=\"{}\"\n  user_eve=\"eve-secret\";\n}};\n",
+            Secure::SASL_USER,
+            Secure::SASL_PASSWORD
+        ),
+    )
+    .expect("write the JAAS file");
+    (pem, jaas)
 }
 
 /// Member `from`'s way to member `to`: a proxy for each of `to`'s quorum and election ports.

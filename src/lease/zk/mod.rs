@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use self::client::{Conf, Learned, NotOpened};
 use self::keeper::Keeper;
 use self::lock::{Own, Place};
-use self::session::{Connection, Zk as Session};
+use self::session::{Connection, Watch, Zk as Session};
 use super::backend::{self, Boxed};
 use super::timing::zk::{round_trip_allowance, ZkSchedule};
 use super::timing::Params;
@@ -206,23 +206,11 @@ impl Zk {
             if keeper.now().lost.is_some() {
                 return Ok(false);
             }
-            let step = match lock::place(cfg, zk, own).await {
-                Ok(Place::Gone) => return Ok(false),
-                Ok(Place::First) if !waited => return Ok(true),
-                Ok(Place::First) => match lock::confirm(cfg, zk, own).await {
-                    Ok(confirmed) => return Ok(confirmed),
-                    Err(e) => Err(e),
-                },
-                Ok(Place::Behind(..)) if !block => return Err(Error::Busy { name: name.into() }),
-                Ok(Place::Behind(ahead, watch)) => {
-                    tracing::debug!(ahead = %ahead, "waiting for the lock node ahead");
-                    Ok(watch)
-                }
-                Err(e) => Err(e),
-            };
+            let step = look(cfg, zk, own, waited, block, name).await;
             waited = true;
             let watch = match step {
-                Ok(w) => w,
+                Ok(Look::Ended(turn)) => return Ok(turn),
+                Ok(Look::Behind(w)) => w,
                 Err(e) if transient(&e) => {
                     tracing::debug!(error = %e, "looking at the queue failed; retrying");
                     tokio::select! {
@@ -317,6 +305,36 @@ fn say_what_counts(first: &Connection, timeout: Duration, learned: &Learned, mem
 
 /// A failure that a waiter waits out: the ensemble not answering, as against refused
 /// credentials or bad usage.
+/// What one look at the queue found.
+enum Look {
+    /// The wait is over: the turn came (true) or the own node is gone (false).
+    Ended(bool),
+    /// A lock node is ahead; this watch fires when it changes.
+    Behind(Watch),
+}
+
+/// One look at the queue. A node first after having waited is confirmed through the leader
+/// before the turn counts; behind another with `-n` is `Busy`.
+async fn look(
+    cfg: &ZkConfig,
+    zk: &Session,
+    own: &Own,
+    waited: bool,
+    block: bool,
+    name: &str,
+) -> Result<Look, Error> {
+    match lock::place(cfg, zk, own).await? {
+        Place::Gone => Ok(Look::Ended(false)),
+        Place::First if !waited => Ok(Look::Ended(true)),
+        Place::First => Ok(Look::Ended(lock::confirm(cfg, zk, own).await?)),
+        Place::Behind(..) if !block => Err(Error::Busy { name: name.into() }),
+        Place::Behind(ahead, watch) => {
+            tracing::debug!(ahead = %ahead, "waiting for the lock node ahead");
+            Ok(Look::Behind(watch))
+        }
+    }
+}
+
 fn transient(e: &Error) -> bool {
     matches!(e, Error::Unavailable(_))
 }

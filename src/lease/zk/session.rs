@@ -572,6 +572,44 @@ struct Served<'t> {
     next_xid: i32,
 }
 
+/// The two tasks that move a connection's bytes: one reads whole frames into a channel, one
+/// writes what the session queues, in order.
+struct Pumps {
+    reader: tokio::task::JoinHandle<()>,
+    frames: mpsc::Receiver<Result<Vec<u8>, net::Closed>>,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    writer: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Pumps {
+    fn start(io: Box<dyn net::Io>) -> Self {
+        let (mut rd, mut wr) = tokio::io::split(io);
+        let (frames_tx, frames) = mpsc::channel(16);
+        let reader = tokio::spawn(async move {
+            loop {
+                let frame = net::read_frame(&mut rd).await;
+                let end = frame.is_err();
+                if frames_tx.send(frame).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            while let Some(bytes) = out_rx.recv().await {
+                wr.write_all(&bytes).await?;
+            }
+            Ok(())
+        });
+        Pumps {
+            reader,
+            frames,
+            out,
+            writer,
+        }
+    }
+}
+
 impl<'t> Served<'t> {
     fn new(task: &'t mut Task, link: Link) -> Self {
         Served {
@@ -586,24 +624,12 @@ impl<'t> Served<'t> {
     async fn serve(mut self) -> End {
         let link = self.link.take().expect("a link to serve");
         let timeout = Duration::from_millis(link.connected.timeout_ms as u64);
-        let (mut rd, mut wr) = tokio::io::split(link.io);
-        let (frames_tx, mut frames) = mpsc::channel(16);
-        let reader = tokio::spawn(async move {
-            loop {
-                let frame = net::read_frame(&mut rd).await;
-                let end = frame.is_err();
-                if frames_tx.send(frame).await.is_err() || end {
-                    return;
-                }
-            }
-        });
-        let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let mut writer = tokio::spawn(async move {
-            while let Some(bytes) = out_rx.recv().await {
-                wr.write_all(&bytes).await?;
-            }
-            Ok::<(), std::io::Error>(())
-        });
+        let Pumps {
+            reader,
+            mut frames,
+            out,
+            mut writer,
+        } = Pumps::start(link.io);
         let (ping_every, silent_for) = (timeout / 3, timeout * 2 / 3);
         let (mut last_send, mut last_recv) = (Instant::now(), Instant::now());
         let end = loop {

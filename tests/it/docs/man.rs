@@ -357,40 +357,60 @@ fn fenced_page(man: &Man) -> String {
     generated(man, false) + &s.render()
 }
 
+/// fence-sql(1)'s THE FENCE: how a job calls it, and what it answers.
+fn fence_section(s: &mut Sections) {
+    s.heading("THE FENCE")
+        .para("The job calls the fence as the first statement of each transaction that writes: SELECT leasewrap.fence(NAME, TOKEN) on PostgreSQL, CALL leasewrap.fence(NAME, TOKEN) on MariaDB, with a client that reads no rc or option file (psql's -X, the mariadb client's --no-defaults) and stops at the first error (psql's ON_ERROR_STOP=1, status 3; the mariadb client fed a script, status 1), so that a refusal ends the client and rolls the transaction back. A token equal to the recorded one is allowed (one holder, many transactions). A job's role (user) may fence only the names an administrator tied to it with leasewrap.allow(ROLE, NAME or PREFIX*), and has no right on the fence's tables.")
+        .items(&[
+            ("LWF01", "stale fencing token N for \"NAME\": M is recorded: a newer holder has written; roll back and stop, do not retry (MariaDB error 9101)"),
+            ("LWF02", "NAME is not a lease name, or the token is not a decimal from 0 to 18446744073709551615 (9102)"),
+            ("LWF03", "PostgreSQL: called inside a savepoint, whose rollback would undo the fence; MariaDB: called outside a transaction (9103)"),
+            ("42501, 42000", "the role (user, 9104) may not fence NAME"),
+            ("55P03, 1205", "the fence waited longer than its bound (PostgreSQL: the function's lock_timeout, 2min; MariaDB: innodb_lock_wait_timeout): nothing was written"),
+            ("40001, 40P01", "a serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE) or a deadlock (names fenced in different orders): nothing was written; retry the whole transaction"),
+        ])
+        .para("Running the SQL again upgrades an older fence and keeps an administrator's grants and settings; it refuses, changing nothing, a schema (database) leasewrap that another role owns or may change. A holder paused inside its transaction keeps NAME's row locked until its session ends: idle_in_transaction_session_timeout, tcp_user_timeout (PostgreSQL), idle_transaction_timeout, net_write_timeout (MariaDB); docs/fencing.md says which covers which state. Only the fenced transaction is guarded: writes outside it are not. MySQL has no fence: the MariaDB SQL uses MariaDB's own statements.");
+}
+
 fn fence_sql_page(man: &Man) -> String {
     let mut s = Sections::new();
     s.heading("EXIT STATUS").items(&[
         ("0", "the SQL was printed"),
         (
             "64",
-            "DATABASE is missing or not one fence-sql knows (postgres)",
+            "DATABASE is missing or not one fence-sql knows (postgres, mariadb)",
         ),
         ("125", "standard output could not take it"),
     ]);
-    s.heading("THE FENCE")
-        .para("The job calls SELECT leasewrap.fence(NAME, TOKEN) as the first statement of each transaction that writes, with psql's ON_ERROR_STOP=1 so that a refusal ends psql (status 3) and rolls the transaction back. A token equal to the recorded one is allowed (one holder, many transactions).")
-        .items(&[
-            ("LWF01", "stale fencing token N for \"NAME\": M is recorded: a newer holder has written; stop, do not retry"),
-            ("LWF02", "an empty or NULL NAME, or a token below 0, above 18446744073709551615 or not whole"),
-            ("22P02", "PostgreSQL's own: the token is not a number"),
-            ("40001", "under REPEATABLE READ or SERIALIZABLE, a fence that waited for an older holder's commit: nothing was written; retry the whole transaction"),
-        ])
-        .para("A holder paused inside its transaction keeps NAME's row locked, and the next holder waits, as long as its session lasts: bound it with idle_in_transaction_session_timeout, lock_timeout and TCP keepalives (docs/fencing.md). Only the fenced transaction is guarded: writes outside it are not.")
-        .para("Only PostgreSQL has a fence: MariaDB and MySQL have none yet (their fence would need its own SQL and its own tests against a real server).");
-    s.heading("FILES").item(
-        "/usr/share/leasewrap/sql/postgres-fence.sql",
-        "the same SQL, installed with the package",
-    );
+    fence_section(&mut s);
+    s.heading("FILES")
+        .item(
+            "/usr/share/leasewrap/sql/postgres-fence.sql",
+            "the PostgreSQL SQL, installed with the package",
+        )
+        .item(
+            "/usr/share/leasewrap/sql/mariadb-fence.sql",
+            "the MariaDB SQL, installed with the package",
+        );
     s.heading("EXAMPLES")
-        .mark("not run: needs a PostgreSQL server (postgres::fence_sql_postgres_prints_the_shipped_file_and_installing_it_twice_works and postgres::a_job_run_by_leasewrap_on_the_local_backend_fences_with_its_token run them)")
+        .mark("not run: needs a database server (postgres::neighbours::the_readme_s_install_line_exits_non_zero_when_the_install_fails and postgres::a_job_run_by_leasewrap_on_the_local_backend_fences_with_its_token run them)")
         .example(
-            "Install the fence in the database the job writes, then run the job with it:",
+            "Install the fence in the database the job writes, let the job's role fence its name, then run the job with it:",
             &[
-                "leasewrap fence-sql postgres | psql -v ON_ERROR_STOP=1 -d reports -f -",
-                "leasewrap --name report -- sh -c 'psql -v ON_ERROR_STOP=1 -d reports -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\" -f /usr/local/lib/report.sql'",
+                "leasewrap fence-sql postgres | psql -X -v ON_ERROR_STOP=1 -d reports -f -",
+                "psql -X -v ON_ERROR_STOP=1 -d reports -c \"SELECT leasewrap.allow('report_job', 'report')\"",
+                "leasewrap --name report -- sh -c 'psql -X -v ON_ERROR_STOP=1 -d reports -v name=\"$LEASEWRAP_NAME\" -v token=\"$LEASEWRAP_FENCING_TOKEN\" -f /usr/local/lib/report.sql'",
+            ],
+        )
+        .mark("not run: needs a MariaDB server (mariadb::neighbours::the_install_refuses_a_database_another_user_may_change_or_made_first_and_a_re_run_keeps_grants runs the SQL)")
+        .example(
+            "The same on MariaDB, as root:",
+            &[
+                "leasewrap fence-sql mariadb | mariadb --no-defaults --user=root",
+                "mariadb --no-defaults --user=root -e \"CALL leasewrap.allow('report_job', 'report')\"",
             ],
         );
-    s.see_also(&[("leasewrap", "1"), ("psql", "1")]);
+    s.see_also(&[("leasewrap", "1"), ("psql", "1"), ("mariadb", "1")]);
     s.version();
     generated(man, false) + &s.render()
 }

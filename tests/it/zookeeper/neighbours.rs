@@ -86,28 +86,7 @@ fn with_credentials_what_leasewrap_made_refuses_an_anonymous_client_and_nothing_
         "{parent}/{}",
         nodes.iter().min_by_key(|n| super::sequence_of(n)).unwrap()
     );
-    let them = Neighbour::anonymous(&zk.connect());
-    for node in [&root, &parent, &held] {
-        assert_eq!(them.acl(node), Ok(alices_acl()), "{node}'s ACL");
-    }
-    assert_refused("delete the held lock node", them.delete(&held));
-    assert_refused(
-        "delete the lease's parent and all under it",
-        them.delete_all(&parent),
-    );
-    assert_refused(
-        "rewrite the holder record",
-        them.set_data(&held, br#"{"host":"forged"}"#),
-    );
-    assert_refused(
-        "re-ACL the root",
-        them.set_acl_to_digest(&root, "mallory", "x"),
-    );
-    let planted = format!("{parent}/_c_{}-lock-0000000000", "0".repeat(32));
-    assert_refused(
-        "plant a lock-shaped node",
-        them.create(&planted, b"", Access::Open),
-    );
+    refuses_an_anonymous_client(&zk.connect(), &root, &parent, &held);
     assert!(
         pid_alive(holder.child()),
         "the holder's child was disturbed"
@@ -120,6 +99,33 @@ fn with_credentials_what_leasewrap_made_refuses_an_anonymous_client_and_nothing_
     let token = waiter.token();
     assert!(token > 0);
     waiter.finish();
+}
+
+/// An anonymous client can neither read-modify nor remove the root, the lease's parent or the
+/// held lock node, nor plant a lock-shaped node beside it.
+fn refuses_an_anonymous_client(connect: &str, root: &str, parent: &str, held: &str) {
+    let them = Neighbour::anonymous(connect);
+    for node in [root, parent, held] {
+        assert_eq!(them.acl(node), Ok(alices_acl()), "{node}'s ACL");
+    }
+    assert_refused("delete the held lock node", them.delete(held));
+    assert_refused(
+        "delete the lease's parent and all under it",
+        them.delete_all(parent),
+    );
+    assert_refused(
+        "rewrite the holder record",
+        them.set_data(held, br#"{"host":"forged"}"#),
+    );
+    assert_refused(
+        "re-ACL the root",
+        them.set_acl_to_digest(root, "mallory", "x"),
+    );
+    let planted = format!("{parent}/_c_{}-lock-0000000000", "0".repeat(32));
+    assert_refused(
+        "plant a lock-shaped node",
+        them.create(&planted, b"", Access::Open),
+    );
 }
 
 /// Item 2: run records refuse an anonymous forgery, rewrite or delete: the real run is neither

@@ -58,23 +58,7 @@ fn every_session_is_closed_the_moment_leasewrap_is_done_with_it() {
         1,
         "the waiter's node went with its session"
     );
-    for args in [vec!["job"], vec!["--once", "k", "job"]] {
-        let out = Leasewrap::subcommand("status")
-            .on_zookeeper(&connect)
-            .args(&args)
-            .output();
-        assert!(out.status.code().is_some(), "{}", out.stderr);
-        assert_eq!(sessions(&zk), 1, "after status {args:?}");
-    }
-    let env = holder.env();
-    let put = Leasewrap::subcommand("fenced-put")
-        .on_zookeeper(&connect)
-        .env("LEASEWRAP_KEY", &env["LEASEWRAP_KEY"])
-        .env("LEASEWRAP_FENCING_TOKEN", &env["LEASEWRAP_FENCING_TOKEN"])
-        .args(&["/put-target", "v"])
-        .output();
-    assert_exit(&put, 0);
-    assert_eq!(sessions(&zk), 1, "after fenced-put");
+    status_and_fenced_put_close_theirs(&zk, &holder.env());
     holder.finish();
     assert_eq!(
         sessions(&zk),
@@ -87,6 +71,26 @@ fn every_session_is_closed_the_moment_leasewrap_is_done_with_it() {
         !zk.log().contains("Expiring session"),
         "a session expired instead of being closed"
     );
+}
+
+/// `status`, `status --once` and `fenced-put` beside a holder leave only the holder's session.
+fn status_and_fenced_put_close_theirs(zk: &Zk, env: &std::collections::HashMap<String, String>) {
+    for args in [vec!["job"], vec!["--once", "k", "job"]] {
+        let out = Leasewrap::subcommand("status")
+            .on_zookeeper(&zk.connect())
+            .args(&args)
+            .output();
+        assert!(out.status.code().is_some(), "{}", out.stderr);
+        assert_eq!(sessions(zk), 1, "after status {args:?}");
+    }
+    let put = Leasewrap::subcommand("fenced-put")
+        .on_zookeeper(&zk.connect())
+        .env("LEASEWRAP_KEY", &env["LEASEWRAP_KEY"])
+        .env("LEASEWRAP_FENCING_TOKEN", &env["LEASEWRAP_FENCING_TOKEN"])
+        .args(&["/put-target", "v"])
+        .output();
+    assert_exit(&put, 0);
+    assert_eq!(sessions(zk), 1, "after fenced-put");
 }
 
 /// A member that accepts connections and never answers, as a stopped JVM's kernel does.

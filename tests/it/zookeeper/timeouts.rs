@@ -52,11 +52,7 @@ fn a_move_to_a_member_with_a_shorter_timeout_brings_d_down_and_nothing_overlaps(
         "-vv",
     ];
     let a_at = format!("{},{}", ensemble.endpoint(1), to_0.addr());
-    let a = Leasewrap::new().on_zookeeper(&a_at).name(&name).args(&args);
-    // A's child ignores the stop signal: only the SIGKILL at the lowered D ends it.
-    let marks = Marks::new(&sb, "a");
-    let script = format!("trap '' TERM; {}", marks.script(true));
-    let mut a = Job::with_script(a, marks, script);
+    let mut a = holder_ignoring_term(&a_at, &name, &args, &sb);
     let a_child = a.child();
     let b = Leasewrap::new()
         .on_zookeeper(&ensemble.endpoint(2))
@@ -78,6 +74,22 @@ fn a_move_to_a_member_with_a_shorter_timeout_brings_d_down_and_nothing_overlaps(
         assert_no_overlap(&a, &b, a_child, "a move to a shorter timeout");
         b.marks.started()
     });
+    a_beat_last_before_b_started(&a, &b, moved);
+    assert_eq!(a.wait(STARTUP).code(), Some(124), "{}", a.run.stderr());
+    b.release();
+}
+
+/// A holder whose child ignores SIGTERM, so that only leasewrap's SIGKILL ends it.
+fn holder_ignoring_term(at: &str, name: &str, args: &[&str], sb: &Sandbox) -> Job {
+    let a = Leasewrap::new().on_zookeeper(at).name(name).args(args);
+    // A's child ignores the stop signal: only the SIGKILL at the lowered D ends it.
+    let marks = Marks::new(sb, "a");
+    let script = format!("trap '' TERM; {}", marks.script(true));
+    Job::with_script(a, marks, script)
+}
+
+/// A's child's last beat came before B's child started; both are printed from the move.
+fn a_beat_last_before_b_started(a: &Job, b: &Job, moved: i128) {
     let (last_beat, b_start) = (last_beat_ns(&a.marks.beat), read_ns(&b.marks.start));
     assert!(
         last_beat < b_start,
@@ -89,8 +101,6 @@ fn a_move_to_a_member_with_a_shorter_timeout_brings_d_down_and_nothing_overlaps(
         ms(last_beat - moved),
         ms(b_start - moved)
     );
-    assert_eq!(a.wait(STARTUP).code(), Some(124), "{}", a.run.stderr());
-    b.release();
 }
 
 /// Items 7 and 12: with two of three members stopped the ensemble has no quorum; a waiter rides
@@ -143,6 +153,11 @@ fn a_waiter_rides_out_an_ensemble_without_quorum_and_a_stopped_member_costs_noth
         "the patient waiter: {exit:?}\n{}",
         patient.run.stderr()
     );
+    a_stopped_follower_costs_no_run(&mut ensemble, &lw);
+}
+
+/// Once every member serves again, eight runs in a row succeed with one follower stopped.
+fn a_stopped_follower_costs_no_run(ensemble: &mut Ensemble, lw: &dyn Fn() -> Leasewrap) {
     wait_until(
         Duration::from_secs(40),
         "every member to serve again",
@@ -166,25 +181,7 @@ fn on_the_default_whitelist_the_smallest_ttl_accepted_holds_for_a_minute() {
         ..DEFAULT_WHITELIST
     });
     let name = "hold";
-    let try_ttl = |ttl: &str| {
-        let lw = Leasewrap::new().on_zookeeper(&zk.connect()).name(name);
-        lw.args(&["--ttl", ttl, "-n"]).cmd(&["true"]).output()
-    };
-    let ttls = ["1s", "1500ms", "2s", "2500ms", "3s", "4s"];
-    let smallest = ttls
-        .iter()
-        .find(|t| {
-            let out = try_ttl(t);
-            // 64: the rule leaves no room; 69: the ensemble answered too slowly just now.
-            let code = out.status.code();
-            assert!(
-                matches!(code, Some(0 | 64 | 69)),
-                "--ttl {t}: {}",
-                out.stderr
-            );
-            code == Some(0)
-        })
-        .expect("some TTL up to 4 s is accepted");
+    let smallest = smallest_ttl_accepted(&zk, name);
     let sb = Sandbox::new();
     let lw = || {
         Leasewrap::new()
@@ -210,4 +207,26 @@ fn on_the_default_whitelist_the_smallest_ttl_accepted_holds_for_a_minute() {
     eprintln!("ZooKeeper default whitelist, tickTime 250 ms: --ttl {smallest} held for 60 s");
     holder.finish();
     waiter.finish();
+}
+
+/// The smallest of a few TTLs that a free lease is taken with (64 and 69 below it).
+fn smallest_ttl_accepted(zk: &Zk, name: &str) -> &'static str {
+    let try_ttl = |ttl: &str| {
+        let lw = Leasewrap::new().on_zookeeper(&zk.connect()).name(name);
+        lw.args(&["--ttl", ttl, "-n"]).cmd(&["true"]).output()
+    };
+    let ttls = ["1s", "1500ms", "2s", "2500ms", "3s", "4s"];
+    ttls.iter()
+        .find(|t| {
+            let out = try_ttl(t);
+            // 64: the rule leaves no room; 69: the ensemble answered too slowly just now.
+            let code = out.status.code();
+            assert!(
+                matches!(code, Some(0 | 64 | 69)),
+                "--ttl {t}: {}",
+                out.stderr
+            );
+            code == Some(0)
+        })
+        .expect("some TTL up to 4 s is accepted")
 }
