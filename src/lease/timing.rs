@@ -196,6 +196,22 @@ enum Phase {
     Reading { t_send: BootInstant, kept: Kept },
 }
 
+/// A broken twin of a deadline rule (docs/development.md, "Broken twins"): the model checker
+/// (tests/model) runs the rules with each, to show it finds each one broken. Only a build with
+/// the `model-twins` feature, which only the tests turn on, can pick one.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Twin {
+    /// etcd: `D` counted from the confirming read's arrival instead of the keepalive's send.
+    DFromArrival,
+    /// etcd: the read's raft term not compared with the keepalive's.
+    NoTermCheck,
+    /// ZooKeeper: the Sync sent as soon as the Look is answered, without waiting Δ.
+    NoRelayWait,
+    /// ZooKeeper: `D` counted from the Check's send instead of the Look's.
+    DFromCheck,
+}
+
 /// The renewal state of one granted lease.
 #[derive(Clone, Debug)]
 pub struct Schedule {
@@ -214,6 +230,9 @@ pub struct Schedule {
     /// There are other members to renew through: an attempt may use only half the time left,
     /// so that the next one, through another member, still has the other half.
     others: bool,
+    /// The broken twin the model checker runs instead of the rule.
+    #[cfg(feature = "model-twins")]
+    twin: Option<Twin>,
 }
 
 /// The state a model checker tells apart (tests/model): every field but the options, which are
@@ -243,7 +262,27 @@ impl Schedule {
             phase: Phase::Idle,
             failures: 0,
             others: false,
+            #[cfg(feature = "model-twins")]
+            twin: None,
         })
+    }
+
+    /// The same schedule, following a broken twin of the rule.
+    #[cfg(feature = "model-twins")]
+    #[doc(hidden)]
+    pub fn twin(self, twin: Twin) -> Self {
+        Self {
+            twin: Some(twin),
+            ..self
+        }
+    }
+
+    /// This schedule follows `twin` (never, in a build without the feature).
+    fn is_twin(&self, _twin: Twin) -> bool {
+        #[cfg(feature = "model-twins")]
+        return self.twin == Some(_twin);
+        #[cfg(not(feature = "model-twins"))]
+        false
     }
 
     /// The same schedule, renewing through one of several members.
@@ -345,7 +384,7 @@ impl Schedule {
         if let Some(v) = self.too_late(now, t_send) {
             return v;
         }
-        if read.term != kept.term {
+        if read.term != kept.term && !self.is_twin(Twin::NoTermCheck) {
             self.failed(now);
             return Verdict::Failed;
         }
@@ -353,7 +392,12 @@ impl Schedule {
             Ok(timing) => self.timing = timing,
             Err(_) => return Verdict::Lost(LossReason::TtlDoesNotFit(kept.ttl)),
         }
-        self.deadline = self.deadline.max(self.timing.deadline(t_send));
+        let from = if self.is_twin(Twin::DFromArrival) {
+            now
+        } else {
+            t_send
+        };
+        self.deadline = self.deadline.max(self.timing.deadline(from));
         self.next_send = t_send + self.timing.renew_every();
         self.phase = Phase::Idle;
         self.failures = 0;

@@ -10,7 +10,7 @@
 //! primary, and before etcd 3.5.13 that lessor revokes every lease it thinks expired.
 
 use leasewrap::clock::BootInstant;
-use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Verdict};
+use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Twin, Verdict};
 use stateright::{Model, Property};
 
 use crate::common::{at, params, server_ticks, ticks, World, NAMES, TTL};
@@ -60,6 +60,8 @@ pub struct Faults {
 pub struct Etcd {
     pub keeper: Keeper,
     pub release: Release,
+    /// The broken twin of the rule the holders follow, if any.
+    pub twin: Option<Twin>,
     pub faults: Faults,
     /// The longest a message takes, in ticks.
     pub delay: u32,
@@ -380,7 +382,7 @@ impl Model for Etcd {
         let mut s = last.clone();
         match action {
             Action::Tick => tick(&mut s),
-            Action::Acquire(c) => acquire(&mut s, c),
+            Action::Acquire(c) => acquire(&mut s, c, self.twin),
             Action::Keep(c) => keep(&mut s, c, self),
             Action::Deliver(i) => deliver(&mut s, i, self),
             Action::Elect(m) => elect(&mut s, m),
@@ -428,7 +430,7 @@ fn tick(s: &mut State) {
 
 /// Client `c` finds the key free and takes it, with a lease granted through raft: as soon as
 /// it could, at the very instant the key went if it went in this tick.
-fn acquire(s: &mut State, c: usize) {
+fn acquire(s: &mut State, c: usize, twin: Option<Twin>) {
     s.tokens += 1;
     let token = s.tokens;
     let start = s.freed.unwrap_or(at(s.now));
@@ -439,9 +441,12 @@ fn acquire(s: &mut State, c: usize) {
             s.members[m].leases[c] = Some(LeaseView { token, expiry });
         }
     }
-    let schedule = Schedule::granted(params(), start, TTL as i64)
+    let mut schedule = Schedule::granted(params(), start, TTL as i64)
         .expect("the grant fits")
         .through_several_members();
+    if let Some(t) = twin {
+        schedule = schedule.twin(t);
+    }
     s.world.start(c, token, start, schedule.deadline());
     s.clients[c].holding = Some(Holding {
         token,

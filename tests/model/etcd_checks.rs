@@ -7,6 +7,7 @@ fn etcd(keeper: Keeper, release: Release, faults: Faults, horizon: u32) -> Etcd 
     Etcd {
         keeper,
         release,
+        twin: None,
         faults,
         delay: 1,
         horizon,
@@ -95,4 +96,20 @@ fn etcd_a_keepalive_to_every_member_never_runs_two_children_at_once_when_one_is_
     );
     run.holds(OVERLAP);
     run.reaches(HANDED_OVER);
+}
+
+#[test]
+fn zz_twin_arrival() {
+    let faults = Faults { most: 2, processes: true, ..MEMBERS };
+    let m = Etcd { twin: Some(leasewrap::lease::timing::Twin::DFromArrival), ..etcd(Keeper::FirstRule, Release::Fixed, faults, 20) };
+    let run = check("twin arrival", m);
+    run.breaks(OVERLAP);
+}
+
+#[test]
+fn zz_twin_term() {
+    let faults = Faults { most: 2, processes: true, ..MEMBERS };
+    let m = Etcd { twin: Some(leasewrap::lease::timing::Twin::NoTermCheck), ..etcd(Keeper::FirstRule, Release::Fixed, faults, 20) };
+    let run = check("twin term", m);
+    run.breaks(OVERLAP);
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use leasewrap::clock::BootInstant;
 use leasewrap::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
-use leasewrap::lease::timing::{Effective, Verdict};
+use leasewrap::lease::timing::{Effective, Twin, Verdict};
 use leasewrap::lease::LossReason;
 use stateright::{Model, Property};
 
@@ -50,6 +50,8 @@ pub struct Faults {
 #[derive(Clone, Debug)]
 pub struct Zk {
     pub rule: Rule,
+    /// The broken twin of leasewrap's rule the holders follow, if any.
+    pub twin: Option<Twin>,
     pub faults: Faults,
     /// The longest a message between a holder and its follower takes, in ticks.
     pub delay: u32,
@@ -226,13 +228,18 @@ impl LatestWrite {
 }
 
 impl Schedule {
-    fn connected(rule: Rule, start: BootInstant, tick_known: bool) -> Self {
+    fn connected(rule: Rule, start: BootInstant, tick_known: bool, twin: Option<Twin>) -> Self {
         let tick = tick_known.then(|| Duration::from_secs_f64(TICK_TIME));
         let timeout = Duration::from_secs(TTL);
         match rule {
-            Rule::LookSyncCheck => Schedule::Zk(
-                ZkSchedule::connected(params(), start, timeout, tick).expect("the timing fits"),
-            ),
+            Rule::LookSyncCheck => {
+                let z = ZkSchedule::connected(params(), start, timeout, tick)
+                    .expect("the timing fits");
+                Schedule::Zk(match twin {
+                    Some(t) => z.twin(t),
+                    None => z,
+                })
+            }
             Rule::LatestWrite => Schedule::LatestWrite(LatestWrite {
                 deadline: timing().deadline(start),
                 next_send: start + timing().ttl / 4,
@@ -540,7 +547,7 @@ fn acquire(s: &mut State, c: usize, model: &Zk, d: u32) {
     });
     s.node = Some(lock);
     (0..2).for_each(|f| s.queue(f, false, Packet::Node(Some(lock)), d));
-    let schedule = Schedule::connected(model.rule, start, model.tick_known);
+    let schedule = Schedule::connected(model.rule, start, model.tick_known, model.twin);
     s.world.start(c, token, start, schedule.deadline());
     s.clients[c].holding = Some(Holding { token, schedule });
 }

@@ -13,6 +13,7 @@ const CUTS: Faults = Faults {
 fn zk(rule: Rule, faults: Faults, horizon: u32) -> Zk {
     Zk {
         rule,
+        twin: None,
         faults,
         delay: 1,
         link_delay: u32::from(deep()),
@@ -80,4 +81,20 @@ fn zk_a_paused_leader_never_runs_two_children_at_once() {
         run.holds(OVERLAP);
         run.reaches(HANDED_OVER);
     }
+}
+
+#[test]
+fn zz_twin_no_relay() {
+    let faults = Faults { most: 1, processes: true, ..CUTS };
+    let m = Zk { twin: Some(leasewrap::lease::timing::Twin::NoRelayWait), ..zk(Rule::LookSyncCheck, faults, 20) };
+    let run = check("twin no relay", m);
+    run.breaks(OVERLAP);
+}
+
+#[test]
+fn zz_twin_d_from_check() {
+    let faults = Faults { most: 1, processes: true, ..CUTS };
+    let m = Zk { twin: Some(leasewrap::lease::timing::Twin::DFromCheck), ..zk(Rule::LookSyncCheck, faults, 20) };
+    let run = check("twin d from check", m);
+    run.breaks(OVERLAP);
 }

@@ -21,7 +21,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{stop_time, Effective, KeySeen, Params, Verdict};
+use super::{stop_time, Effective, KeySeen, Params, Twin, Verdict};
 use crate::clock::BootInstant;
 use crate::lease::LossReason;
 
@@ -243,6 +243,9 @@ pub struct ZkSchedule {
     failures: u32,
     /// The ensemble's tickTime, when it told it: the PING bound of a shortened timeout.
     tick: Option<Duration>,
+    /// The broken twin the model checker runs instead of the rule.
+    #[cfg(feature = "model-twins")]
+    twin: Option<Twin>,
 }
 
 /// The state a model checker tells apart (tests/model): every field but the timing, which is
@@ -285,7 +288,36 @@ impl ZkSchedule {
             phase: Phase::Idle,
             failures: 0,
             tick,
+            #[cfg(feature = "model-twins")]
+            twin: None,
         })
+    }
+
+    /// The same schedule, following a broken twin of the rule.
+    #[cfg(feature = "model-twins")]
+    #[doc(hidden)]
+    pub fn twin(self, twin: Twin) -> Self {
+        Self {
+            twin: Some(twin),
+            ..self
+        }
+    }
+
+    /// This schedule follows `twin` (never, in a build without the feature).
+    fn is_twin(&self, _twin: Twin) -> bool {
+        #[cfg(feature = "model-twins")]
+        return self.twin == Some(_twin);
+        #[cfg(not(feature = "model-twins"))]
+        false
+    }
+
+    /// How long the Sync waits after the Look's answer: Δ.
+    fn relay(&self) -> Duration {
+        if self.is_twin(Twin::NoRelayWait) {
+            Duration::ZERO
+        } else {
+            self.timing.relay
+        }
     }
 
     /// `D`, the instant by which the child must be dead.
@@ -312,7 +344,7 @@ impl ZkSchedule {
             Phase::Idle if now >= self.next_send => ZkNext::Send(Step::Look),
             Phase::Idle => ZkNext::SleepUntil(self.next_send.min(self.stop_at())),
             Phase::Relaying { answered, .. } => {
-                let sync_at = answered + self.timing.relay;
+                let sync_at = answered + self.relay();
                 if now >= sync_at {
                     ZkNext::Send(Step::Sync)
                 } else {
@@ -331,9 +363,12 @@ impl ZkSchedule {
         self.phase = match (step, self.phase) {
             (Step::Look, Phase::Idle) => Phase::Looking { t_look: t_send },
             (Step::Sync, Phase::Relaying { t_look, answered })
-                if t_send >= answered + self.timing.relay =>
+                if t_send >= answered + self.relay() =>
             {
                 Phase::Syncing { t_look }
+            }
+            (Step::Check, Phase::Synced { t_look }) if self.is_twin(Twin::DFromCheck) => {
+                Phase::Checking { t_look: t_send }
             }
             (Step::Check, Phase::Synced { t_look }) => Phase::Checking { t_look },
             // Out of order: the chain is broken, so this renewal proves nothing.
