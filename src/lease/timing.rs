@@ -210,6 +210,30 @@ pub enum Twin {
     NoRelayWait,
     /// ZooKeeper: `D` counted from the Check's send instead of the Look's.
     DFromCheck,
+    /// ZooKeeper: a reconnect that negotiates a shorter timeout leaves `D` where it was.
+    MoveKeepsD,
+}
+
+/// The broken twin a schedule follows: none, but in the model checker's builds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Twins {
+    #[cfg(feature = "model-twins")]
+    twin: Option<Twin>,
+}
+
+impl Twins {
+    #[cfg(feature = "model-twins")]
+    fn of(twin: Twin) -> Self {
+        Self { twin: Some(twin) }
+    }
+
+    /// The schedule follows `twin` (never, in a build without the feature).
+    fn are(&self, _twin: Twin) -> bool {
+        #[cfg(feature = "model-twins")]
+        return self.twin == Some(_twin);
+        #[cfg(not(feature = "model-twins"))]
+        false
+    }
 }
 
 /// The renewal state of one granted lease.
@@ -231,8 +255,7 @@ pub struct Schedule {
     /// so that the next one, through another member, still has the other half.
     others: bool,
     /// The broken twin the model checker runs instead of the rule.
-    #[cfg(feature = "model-twins")]
-    twin: Option<Twin>,
+    twins: Twins,
 }
 
 /// The state a model checker tells apart (tests/model): every field but the options, which are
@@ -262,27 +285,15 @@ impl Schedule {
             phase: Phase::Idle,
             failures: 0,
             others: false,
-            #[cfg(feature = "model-twins")]
-            twin: None,
+            twins: Twins::default(),
         })
     }
 
-    /// The same schedule, following a broken twin of the rule.
+    /// The same schedule, following a broken twin of the rule (tests/model).
     #[cfg(feature = "model-twins")]
-    #[doc(hidden)]
-    pub fn twin(self, twin: Twin) -> Self {
-        Self {
-            twin: Some(twin),
-            ..self
-        }
-    }
-
-    /// This schedule follows `twin` (never, in a build without the feature).
-    fn is_twin(&self, _twin: Twin) -> bool {
-        #[cfg(feature = "model-twins")]
-        return self.twin == Some(_twin);
-        #[cfg(not(feature = "model-twins"))]
-        false
+    pub fn twin(mut self, twin: Twin) -> Self {
+        self.twins = Twins::of(twin);
+        self
     }
 
     /// The same schedule, renewing through one of several members.
@@ -384,7 +395,7 @@ impl Schedule {
         if let Some(v) = self.too_late(now, t_send) {
             return v;
         }
-        if read.term != kept.term && !self.is_twin(Twin::NoTermCheck) {
+        if read.term != kept.term && !self.twins.are(Twin::NoTermCheck) {
             self.failed(now);
             return Verdict::Failed;
         }
@@ -392,7 +403,7 @@ impl Schedule {
             Ok(timing) => self.timing = timing,
             Err(_) => return Verdict::Lost(LossReason::TtlDoesNotFit(kept.ttl)),
         }
-        let from = if self.is_twin(Twin::DFromArrival) {
+        let from = if self.twins.are(Twin::DFromArrival) {
             now
         } else {
             t_send

@@ -30,6 +30,38 @@ pub fn ticks(i: BootInstant) -> f64 {
     i.since_boot().as_secs_f64() - BASE as f64
 }
 
+/// The smallest step of time: a message that comes this much before its receiver gives up on
+/// it still counts.
+pub const EPSILON: Duration = Duration::from_nanos(1);
+
+/// The first whole tick after `now`.
+pub fn next_tick(now: BootInstant) -> BootInstant {
+    at(ticks(now).floor() as u32 + 1)
+}
+
+/// The latest instant a message sent at `now` arrives, unless held back: the `delay`-th whole
+/// tick after `now` (0: at once). Whole ticks keep the instants to explore few.
+pub fn arrives_by(now: BootInstant, delay: u32) -> BootInstant {
+    match delay {
+        0 => now,
+        d => next_tick(now) + Duration::from_secs(u64::from(d - 1)),
+    }
+}
+
+/// Where time may go next: the earliest of `candidates` after `now`, the next whole tick, and
+/// the horizon. Between two of these instants nothing can happen that is not also possible at
+/// the first of them.
+pub fn next_instant(
+    now: BootInstant,
+    horizon: u32,
+    candidates: impl IntoIterator<Item = BootInstant>,
+) -> BootInstant {
+    candidates
+        .into_iter()
+        .filter(|t| *t > now)
+        .fold(next_tick(now).min(at(horizon)), BootInstant::min)
+}
+
 /// `n` ticks counted by a member's clock, as the holders' clocks measure them.
 pub fn server_ticks(n: u64) -> Duration {
     Duration::from_secs_f64(n as f64 / (1.0 + DRIFT))
@@ -124,6 +156,14 @@ impl World {
         self.renewed = true;
         if let Some(ch) = self.children[c].as_mut() {
             ch.end = ch.end.max(d);
+        }
+    }
+
+    /// Client `c`'s deadline came down to `d` (a ZooKeeper session moved): the watchdog kills
+    /// by then.
+    pub fn lower(&mut self, c: usize, d: BootInstant) {
+        if let Some(ch) = self.children[c].as_mut() {
+            ch.end = ch.end.min(d);
         }
     }
 

@@ -13,7 +13,9 @@ use leasewrap::clock::BootInstant;
 use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Twin, Verdict};
 use stateright::{Model, Property};
 
-use crate::common::{at, params, server_ticks, ticks, World, NAMES, TTL};
+use crate::common::{
+    arrives_by, at, next_instant, params, server_ticks, ticks, World, EPSILON, NAMES, TTL,
+};
 
 /// etcd's election timeout, in ticks (its default, 1 s).
 const ELECTION: u64 = 1;
@@ -53,6 +55,9 @@ pub struct Faults {
     pub processes: bool,
     /// A holder's whole host paused, watchdog and child included.
     pub hosts: bool,
+    /// How many of the renewals' requests and replies may come late: up to the instant before
+    /// the holder gives up on them. Counted apart from `most`.
+    pub slow: u8,
 }
 
 /// One configuration of the model.
@@ -63,7 +68,7 @@ pub struct Etcd {
     /// The broken twin of the rule the holders follow, if any.
     pub twin: Option<Twin>,
     pub faults: Faults,
-    /// The longest a message takes, in ticks.
+    /// A message arrives by the `delay`-th whole tick after its send (0: at once).
     pub delay: u32,
     /// The last tick explored.
     pub horizon: u32,
@@ -153,25 +158,27 @@ pub struct Msg {
     /// The lease it is about.
     pub token: u8,
     pub body: Body,
-    /// Delivered by this tick at the latest (unless its receiver is paused).
-    pub due: u32,
+    /// Delivered by this instant at the latest (unless its receiver is paused).
+    pub due: BootInstant,
     /// Its reply is read: the keeper still waits for it on that member.
     pub heeded: bool,
+    /// Held back: it arrives by `due`, or never.
+    pub late: bool,
 }
 
 #[derive(Clone, Debug, Hash)]
 pub struct State {
-    pub now: u32,
+    pub now: BootInstant,
     pub term: u8,
     pub leader: usize,
     pub members: [Member; 3],
     pub key: Option<Lock>,
-    /// The exact instant the key went, in the tick it went.
-    pub freed: Option<BootInstant>,
     pub tokens: u8,
     pub clients: [Client; 2],
     pub net: Vec<Msg>,
     pub faults: u8,
+    /// Messages made late so far.
+    pub slowed: u8,
     pub world: World,
 }
 
@@ -184,6 +191,8 @@ pub enum Action {
     Keep(usize),
     /// The message at this index of `net` arrives.
     Deliver(usize),
+    /// The message at this index of `net` is held back until just before its holder gives up.
+    Slow(usize),
     Elect(usize),
     Fault(usize, MemberFault),
     Recover(usize),
@@ -201,7 +210,7 @@ impl State {
     fn due(&self, c: usize) -> Option<Next> {
         let cl = &self.clients[c];
         let h = cl.holding.as_ref().filter(|_| cl.pause.is_none())?;
-        let now = at(self.now);
+        let now = self.now;
         match h.schedule.next(now) {
             n @ (Next::Lost | Next::Send | Next::ConfirmBy(_)) => Some(n),
             n @ (Next::AwaitReplyUntil(t) | Next::AwaitReadUntil(t)) if now >= t => Some(n),
@@ -209,10 +218,31 @@ impl State {
         }
     }
 
-    /// A message can arrive now: its receiver is not a paused client.
+    /// A message can arrive now: its receiver is not a paused client, and no message sent
+    /// before it on its gRPC stream is still in flight. Only a stream of keepalives to another
+    /// member, replies unheeded, ever has more than one; streams are not ordered among themselves.
     fn deliverable(&self, m: &Msg) -> bool {
         let to_client = matches!(m.body, Body::Kept { .. } | Body::Answer { .. });
-        !to_client || self.clients[m.client].pause.is_none()
+        let echo = |x: &Msg| x.body == Body::KeepAlive && !x.heeded;
+        let behind = echo(m)
+            && self
+                .net
+                .iter()
+                .any(|x| echo(x) && (x.client, x.member) == (m.client, m.member) && x.due < m.due);
+        !behind && (!to_client || self.clients[m.client].pause.is_none())
+    }
+
+    /// The instant before which holder `c` gives up on message `m`, if it awaits it.
+    fn gives_up(&self, m: &Msg) -> Option<BootInstant> {
+        let cl = &self.clients[m.client];
+        let h = cl
+            .holding
+            .as_ref()
+            .filter(|h| m.heeded && h.token == m.token)?;
+        match h.schedule.next(self.now) {
+            Next::AwaitReplyUntil(t) | Next::AwaitReadUntil(t) => Some(t),
+            _ => None,
+        }
     }
 
     /// Client `c` may take the lock key now: it is free, the leader can commit, and `c`'s
@@ -226,12 +256,36 @@ impl State {
     /// Nothing is due before time may move on. A waiter takes a free key at once: a later
     /// start could only overlap less with the child before it.
     fn may_tick(&self, horizon: u32) -> bool {
-        self.now < horizon
+        self.now < at(horizon)
             && (0..2).all(|c| self.due(c).is_none() && !self.may_acquire(c))
             && self
                 .net
                 .iter()
-                .all(|m| m.due > self.now || !self.deliverable(m))
+                .all(|m| m.due > self.now || m.late || !self.deliverable(m))
+    }
+
+    /// The next instant something may happen: a holder's schedule acts, a message is due, the
+    /// leader's lessor expires a lease.
+    fn next_instant(&self, horizon: u32) -> BootInstant {
+        let holders = self.clients.iter().filter(|c| c.pause.is_none());
+        let schedules =
+            holders
+                .flat_map(|c| &c.holding)
+                .filter_map(|h| match h.schedule.next(self.now) {
+                    Next::SleepUntil(t) | Next::AwaitReplyUntil(t) | Next::AwaitReadUntil(t) => {
+                        Some(t)
+                    }
+                    _ => None,
+                });
+        let leader = &self.members[self.leader];
+        let expiries = leader.leases.iter().flatten().filter_map(|l| l.expiry);
+        let expiries = expiries.filter(|_| self.healthy(self.leader));
+        let late = self
+            .net
+            .iter()
+            .filter(|m| self.deliverable(m))
+            .map(|m| m.due);
+        next_instant(self.now, horizon, schedules.chain(expiries).chain(late))
     }
 
     fn send(&mut self, c: usize, member: usize, token: u8, body: Body, delay: u32, heeded: bool) {
@@ -240,15 +294,16 @@ impl State {
             member,
             token,
             body,
-            due: self.now + delay,
+            due: arrives_by(self.now, delay),
             heeded,
+            late: false,
         });
         self.net.sort();
     }
 
     /// The revoke of client `c`'s lease `token` is committed: every member that applies it
     /// forgets the lease, and the key goes if it is that lease's.
-    fn revoke(&mut self, c: usize, token: u8, when: BootInstant) {
+    fn revoke(&mut self, c: usize, token: u8) {
         for m in 0..3 {
             let applies = self.members[m].fault.is_none();
             if applies && self.members[m].leases[c].is_some_and(|l| l.token == token) {
@@ -257,20 +312,18 @@ impl State {
         }
         if self.key == Some(Lock { client: c, token }) {
             self.key = None;
-            self.freed = Some(when);
         }
     }
 
-    /// Member `m`'s lessor, primary and with its raft loop running, revokes at `now` what it
-    /// thinks expired, and no sooner than `floor`.
-    fn expire(&mut self, m: usize, floor: BootInstant) {
-        let now = at(self.now);
+    /// Member `m`'s lessor, primary and with its raft loop running, revokes now what it
+    /// thinks expired.
+    fn expire(&mut self, m: usize) {
         for c in 0..2 {
             let Some(l) = self.members[m].leases[c] else {
                 continue;
             };
-            if let Some(e) = l.expiry.filter(|e| *e <= now) {
-                self.revoke(c, l.token, e.max(floor));
+            if l.expiry.is_some_and(|e| e <= self.now) {
+                self.revoke(c, l.token);
             }
         }
     }
@@ -317,6 +370,18 @@ impl Etcd {
         }
     }
 
+    /// A message on a renewal's path is held back, while the budget for that lasts.
+    fn slow_actions(&self, s: &State, out: &mut Vec<Action>) {
+        if s.slowed >= self.faults.slow {
+            return;
+        }
+        for (i, m) in s.net.iter().enumerate() {
+            if s.gives_up(m).is_some_and(|t| t - EPSILON > m.due) {
+                out.push(Action::Slow(i));
+            }
+        }
+    }
+
     fn client_actions(&self, s: &State, out: &mut Vec<Action>) {
         for c in 0..2 {
             if s.may_acquire(c) {
@@ -345,12 +410,11 @@ impl Model for Etcd {
             leases: [None, None],
         };
         vec![State {
-            now: 0,
+            now: at(0),
             term: 1,
             leader: 0,
             members: [member(0), member(1), member(2)],
             key: None,
-            freed: None,
             tokens: 0,
             clients: [0, 1].map(|_| Client {
                 pause: None,
@@ -358,6 +422,7 @@ impl Model for Etcd {
             }),
             net: Vec::new(),
             faults: 0,
+            slowed: 0,
             world: World::default(),
         }]
     }
@@ -376,15 +441,23 @@ impl Model for Etcd {
         }
         self.client_actions(s, out);
         self.fault_actions(s, out);
+        self.slow_actions(s, out);
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
         match action {
-            Action::Tick => tick(&mut s),
+            Action::Tick => tick(&mut s, last.next_instant(self.horizon)),
             Action::Acquire(c) => acquire(&mut s, c, self.twin),
             Action::Keep(c) => keep(&mut s, c, self),
             Action::Deliver(i) => deliver(&mut s, i, self),
+            Action::Slow(i) => {
+                s.slowed += 1;
+                let until = last.gives_up(&last.net[i]).expect("a renewal's message");
+                s.net[i].due = until - EPSILON;
+                s.net[i].late = true;
+                s.net.sort();
+            }
             Action::Elect(m) => elect(&mut s, m),
             Action::Fault(m, f) => {
                 s.faults += 1;
@@ -395,12 +468,12 @@ impl Model for Etcd {
                 s.faults += 1;
                 s.clients[c].pause = Some(p);
                 if p == Pause::Host {
-                    s.world.freeze(c, true, at(s.now));
+                    s.world.freeze(c, true, s.now);
                 }
             }
             Action::ResumeClient(c) => {
                 if s.clients[c].pause.take() == Some(Pause::Host) {
-                    s.world.freeze(c, false, at(s.now));
+                    s.world.freeze(c, false, s.now);
                 }
             }
             Action::Write(c) => s.world.write(c),
@@ -409,7 +482,7 @@ impl Model for Etcd {
     }
 
     fn within_boundary(&self, s: &State) -> bool {
-        s.now <= self.horizon
+        s.now <= at(self.horizon)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
@@ -417,23 +490,22 @@ impl Model for Etcd {
     }
 }
 
-/// Time moves on one tick; the leader's lessor revokes what expired meanwhile, at the exact
-/// instant it expired.
-fn tick(s: &mut State) {
-    s.now += 1;
-    s.freed = None;
-    s.world.reap(at(s.now));
+/// Time moves on to `to`; the leader's lessor revokes what expired then.
+fn tick(s: &mut State, to: BootInstant) {
+    s.now = to;
+    s.net.retain(|m| !m.late || m.due >= to);
+    s.world.reap(s.now);
     if s.healthy(s.leader) {
-        s.expire(s.leader, at(s.now - 1));
+        s.expire(s.leader);
     }
 }
 
-/// Client `c` finds the key free and takes it, with a lease granted through raft: as soon as
-/// it could, at the very instant the key went if it went in this tick.
+/// Client `c` finds the key free and takes it, with a lease granted through raft: at the very
+/// instant the key went, if it went now.
 fn acquire(s: &mut State, c: usize, twin: Option<Twin>) {
     s.tokens += 1;
     let token = s.tokens;
-    let start = s.freed.unwrap_or(at(s.now));
+    let start = s.now;
     s.key = Some(Lock { client: c, token });
     for m in 0..3 {
         if s.healthy(m) {
@@ -460,7 +532,7 @@ fn acquire(s: &mut State, c: usize, twin: Option<Twin>) {
 
 /// What the keeper's loop does when its schedule says something is due (session.rs, `run`).
 fn keep(s: &mut State, c: usize, model: &Etcd) {
-    let now = at(s.now);
+    let now = s.now;
     let Some(next) = s.due(c) else { return };
     let h = holding(s, c);
     let (token, member, sidecar) = (h.token, h.member, h.sidecar);
@@ -498,17 +570,25 @@ fn holding(s: &mut State, c: usize) -> &mut Holding {
 
 /// The lease is lost: leasewrap stops the child, and may queue again once it is dead.
 fn lose(s: &mut State, c: usize) {
-    s.world.stop(c, at(s.now));
+    s.world.stop(c, s.now);
     s.clients[c].holding = None;
     forget_replies(s, c);
 }
 
-/// What is in flight for client `c` is no longer waited for: its stream and read are dropped.
+/// What is in flight for client `c` is no longer waited for: its stream and read are dropped,
+/// and with them the replies on their way (the requests may still reach their members).
 fn forget_replies(s: &mut State, c: usize) {
+    s.net.retain(|m| m.client != c || m.body.is_request());
     for m in s.net.iter_mut().filter(|m| m.client == c) {
         m.heeded = false;
     }
     s.net.sort();
+}
+
+impl Body {
+    const fn is_request(&self) -> bool {
+        matches!(self, Body::KeepAlive | Body::Read)
+    }
 }
 
 /// The renewal failed: on to the next member (session.rs, `EtcdLink::leave`).
@@ -530,7 +610,7 @@ fn leave(s: &mut State, c: usize, keeper: Keeper) {
 fn elect(s: &mut State, m: usize) {
     s.term += 1;
     s.leader = m;
-    let now = at(s.now);
+    let now = s.now;
     for o in 0..3 {
         if s.healthy(o) {
             s.members[o].applied = s.term;
@@ -550,7 +630,7 @@ fn recover(s: &mut State, m: usize, release: Release) {
     s.members[m].fault = None;
     let deposed = s.members[m].primary && s.leader != m;
     if s.members[m].primary && (!deposed || release == Release::Old) {
-        s.expire(m, at(s.now));
+        s.expire(m);
     }
     if s.leader == m {
         return;
@@ -568,6 +648,7 @@ fn recover(s: &mut State, m: usize, release: Release) {
 /// Message `i` arrives: a member serves a request, or a keeper reads a reply.
 fn deliver(s: &mut State, i: usize, model: &Etcd) {
     let msg = s.net.remove(i);
+    // A request whose reply nobody awaits is still served; the reply goes nowhere.
     let reply = match msg.body {
         Body::KeepAlive => keepalive(s, &msg),
         Body::Read => read(s, &msg),
@@ -578,7 +659,7 @@ fn deliver(s: &mut State, i: usize, model: &Etcd) {
             None
         }
     };
-    if let Some(body) = reply {
+    if let Some(body) = reply.filter(|_| msg.heeded) {
         s.send(
             msg.client,
             msg.member,
@@ -605,7 +686,7 @@ fn keepalive(s: &mut State, msg: &Msg) -> Option<Body> {
     if !r.primary || r.fault == Some(MemberFault::Paused) {
         return None;
     }
-    let now = at(s.now);
+    let now = s.now;
     let lease = r.leases[msg.client]
         .as_mut()
         .filter(|l| l.token == msg.token);
@@ -639,7 +720,7 @@ fn read(s: &mut State, msg: &Msg) -> Option<Body> {
 
 /// A reply reaches the keeper, which hands it to its schedule (session.rs, `judge`).
 fn answered(s: &mut State, msg: &Msg, keeper: Keeper) {
-    let now = at(s.now);
+    let now = s.now;
     let Some(h) = s.clients[msg.client].holding.as_mut() else {
         return;
     };
@@ -668,6 +749,15 @@ fn answered(s: &mut State, msg: &Msg, keeper: Keeper) {
     }
 }
 
+impl crate::Twinned for Etcd {
+    fn with_twin(self, twin: Twin) -> Self {
+        Self {
+            twin: Some(twin),
+            ..self
+        }
+    }
+}
+
 impl crate::Checked for Etcd {
     fn world(s: &State) -> &World {
         &s.world
@@ -677,15 +767,15 @@ impl crate::Checked for Etcd {
         self.faults.most == 0 && self.delay == 0
     }
 
-    fn now(s: &State) -> u32 {
-        s.now
+    fn now(s: &State) -> f64 {
+        ticks(s.now)
     }
 
     fn describe(&self, s: &State, action: &Action) -> String {
         let after = self.next_state(s, *action).expect("a step of the trace");
         let what = match *action {
-            Action::Tick => return String::new(),
-            Action::Deliver(i) => delivered(s, &after, &s.net[i]),
+            Action::Tick => return effects(s, &after).trim_start_matches("; ").into(),
+            Action::Deliver(i) => delivered(s, &s.net[i]),
             other => step(s, &after, other),
         };
         format!("{what}{}", effects(s, &after))
@@ -697,7 +787,7 @@ fn step(s: &State, after: &State, action: Action) -> String {
     match action {
         Action::Acquire(x) => {
             let h = after.clients[x].holding.as_ref().expect("acquired");
-            let start = ticks(s.freed.unwrap_or(at(s.now)));
+            let start = ticks(s.now);
             let dl = d(&h.schedule);
             format!(
                 "{} takes the lock (token {}) at {start:.2}, D = {dl:.2}",
@@ -731,16 +821,33 @@ fn step(s: &State, after: &State, action: Action) -> String {
         Action::PauseClient(x, Pause::Host) => format!("{}'s whole host is paused", c(x)),
         Action::ResumeClient(x) => format!("{} runs again", c(x)),
         Action::Write(x) => format!("{}'s child writes to the fenced resource", c(x)),
+        Action::Slow(i) => held_back(&s.net[i]),
         Action::Tick | Action::Deliver(_) => String::new(),
     }
 }
 
-fn delivered(s: &State, after: &State, m: &Msg) -> String {
+fn held_back(m: &Msg) -> String {
+    let who = NAMES[m.client];
+    let what = what(m);
+    format!("{what} {who} is held back: it comes just before {who} gives up on it, or never")
+}
+
+/// What a message is, for the timeline.
+fn what(m: &Msg) -> String {
+    match m.body {
+        Body::KeepAlive => format!("the keepalive to m{} of", m.member),
+        Body::Read => format!("the confirming read to m{} of", m.member),
+        Body::Kept { .. } => format!("m{}'s keepalive reply to", m.member),
+        Body::Answer { .. } => format!("m{}'s answer to the read of", m.member),
+    }
+}
+
+fn delivered(s: &State, m: &Msg) -> String {
     let who = NAMES[m.client];
     let unheeded = if m.heeded { "" } else { " (unheeded)" };
     match m.body {
         Body::KeepAlive => {
-            let answered = after.net.len() >= s.net.len();
+            let answered = keepalive(&mut s.clone(), m).is_some();
             let how = if answered {
                 "answers"
             } else {
@@ -749,7 +856,7 @@ fn delivered(s: &State, after: &State, m: &Msg) -> String {
             format!("m{} {how} {who}'s keepalive{unheeded}", m.member)
         }
         Body::Read => {
-            let answered = after.net.len() >= s.net.len();
+            let answered = read(&mut s.clone(), m).is_some();
             let how = if answered { "serves" } else { "cannot serve" };
             format!("m{} {how} {who}'s linearizable read{unheeded}", m.member)
         }
@@ -793,10 +900,7 @@ fn effects(s: &State, after: &State) -> String {
         }
     }
     if s.key.is_some() && after.key.is_none() {
-        let when = after.freed.map_or(after.now as f64, ticks);
-        out.push_str(&format!(
-            "; the lease is revoked, the lock key deleted at {when:.2}"
-        ));
+        out.push_str("; the lease is revoked, the lock key deleted");
     }
     out.push_str(&s.world.newly_broken(&after.world));
     out

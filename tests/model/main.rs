@@ -22,7 +22,8 @@ pub trait Checked: Model + Sized {
     fn healthy(&self) -> bool;
     /// One step of a trace, for the timeline.
     fn describe(&self, before: &Self::State, action: &Self::Action) -> String;
-    fn now(s: &Self::State) -> u32;
+    /// The instant of a state, in ticks.
+    fn now(s: &Self::State) -> f64;
 }
 
 pub const OVERLAP: &str = "no two children run at one instant";
@@ -122,7 +123,8 @@ where
             );
         };
         let text = timeline::render(&self.model, path);
-        eprintln!("{property}: broken\n{text}");
+        let steps = path.clone().into_actions().len();
+        eprintln!("{property}: broken, shortest trace {steps} steps\n{text}");
         text
     }
 
@@ -131,6 +133,24 @@ where
     pub fn reaches(&self, property: &str) {
         assert!(self.found(property).is_some(), "never: {property}");
     }
+}
+
+/// The model finds leasewrap's rule with its broken `twin` in place of it broken, in the same
+/// `model` where the rule itself holds (checked here, or by a run of a model with more faults).
+/// The twin's shortest trace, as a timeline.
+#[track_caller]
+pub fn twin_breaks<M>(name: &str, model: M, twin: leasewrap::lease::timing::Twin) -> String
+where
+    M: Checked + Twinned + Clone + Send + Sync + 'static,
+    M::State: Clone + std::fmt::Debug + std::hash::Hash + Send + Sync,
+    M::Action: Clone + std::fmt::Debug + Send + Sync,
+{
+    check(&format!("{name}: the twin"), model.with_twin(twin)).breaks(OVERLAP)
+}
+
+/// A model whose holders can follow a broken twin of leasewrap's rule.
+pub trait Twinned {
+    fn with_twin(self, twin: leasewrap::lease::timing::Twin) -> Self;
 }
 
 /// The deep sizes, on request.

@@ -18,13 +18,19 @@ use leasewrap::lease::timing::{Effective, Twin, Verdict};
 use leasewrap::lease::LossReason;
 use stateright::{Model, Property};
 
-use crate::common::{at, params, ticks, World, DRIFT, NAMES, TTL};
+use crate::common::{
+    arrives_by, at, next_instant, params, ticks, World, DRIFT, EPSILON, NAMES, TTL,
+};
 
 /// tickTime, in ticks (T = 5 tickTimes, within ZooKeeper's default 2..20).
 const TICK_TIME: f64 = 2.0;
 
 /// syncLimit × tickTime: how long a cut-off follower keeps its clients.
-const SYNC_LIMIT_TICKS: u32 = 10;
+const SYNC_LIMIT: Duration = Duration::from_secs(10);
+
+/// The session timeout a member negotiates when a session moves to it, in ticks: shorter than
+/// `TTL`, and one the rule still holds for.
+pub const SHORT: u64 = 7;
 
 /// Which deadline rule the holders follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +51,11 @@ pub struct Faults {
     pub leader_pauses: bool,
     /// A holder's leasewrap paused (its watchdog runs on).
     pub processes: bool,
+    /// A holder's session moved to the other follower, which negotiates `SHORT`.
+    pub moves: bool,
+    /// How many of the holders' requests and answers may come late: up to the instant before
+    /// the holder gives up on them (its stop time). Counted apart from `most`.
+    pub slow: u8,
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +78,8 @@ pub struct Zk {
 pub struct Session {
     pub token: u8,
     pub expiry: BootInstant,
+    /// The session timeout the last connect negotiated, in ticks.
+    pub timeout: u64,
 }
 
 /// The lock node: whose session (the token) created it.
@@ -95,13 +108,13 @@ pub enum Packet {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Queued {
     pub packet: Packet,
-    pub due: u32,
+    pub due: BootInstant,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Follower {
-    /// The tick its links to the leader were cut.
-    pub cut: Option<u32>,
+    /// The instant its links to the leader were cut.
+    pub cut: Option<BootInstant>,
     /// It closed its clients' connections (syncLimit × tickTime after the cut).
     pub closed: bool,
     /// Sessions touched since its last PING reply.
@@ -120,7 +133,9 @@ pub struct Msg {
     pub step: Step,
     /// `None`: the request; `Some`: what came back.
     pub reply: Option<Reply>,
-    pub due: u32,
+    pub due: BootInstant,
+    /// Held back: it arrives by `due`, or never.
+    pub late: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,20 +170,24 @@ pub struct Holding {
 pub struct Client {
     pub paused: bool,
     pub holding: Option<Holding>,
+    /// The follower its session is connected to.
+    pub via: usize,
 }
 
 #[derive(Clone, Debug, Hash)]
 pub struct State {
-    pub now: u32,
+    pub now: BootInstant,
     pub leader_paused: bool,
     pub sessions: [Option<Session>; 2],
     pub node: Option<Lock>,
-    pub freed: Option<BootInstant>,
     pub tokens: u8,
     pub followers: [Follower; 2],
     pub clients: [Client; 2],
+    /// Each holder's requests and answers in flight, in the order sent.
     pub net: Vec<Msg>,
     pub faults: u8,
+    /// Messages made late so far.
+    pub slowed: u8,
     pub world: World,
 }
 
@@ -187,6 +206,10 @@ pub enum Action {
     ResumeLeader(bool),
     PauseClient(usize),
     ResumeClient(usize),
+    /// Client message `i` is held back until just before its holder gives up on it.
+    Slow(usize),
+    /// Holder `c`'s session moves to the other follower, which negotiates `SHORT`.
+    Move(usize),
 }
 
 fn timing() -> Effective {
@@ -233,8 +256,8 @@ impl Schedule {
         let timeout = Duration::from_secs(TTL);
         match rule {
             Rule::LookSyncCheck => {
-                let z = ZkSchedule::connected(params(), start, timeout, tick)
-                    .expect("the timing fits");
+                let z =
+                    ZkSchedule::connected(params(), start, timeout, tick).expect("the timing fits");
                 Schedule::Zk(match twin {
                     Some(t) => z.twin(t),
                     None => z,
@@ -285,21 +308,37 @@ impl Schedule {
             }
         }
     }
+
+    /// The session moved by a connect sent at `now` that negotiated `timeout` (the keeper's
+    /// `changed`): `D` comes down, and the renewal starts over, or the lease is lost.
+    fn moved(&mut self, now: BootInstant, timeout: u64) -> Result<(), LossReason> {
+        let Schedule::Zk(z) = self else {
+            return Err(LossReason::NotRenewed);
+        };
+        z.reconnected(now, Duration::from_secs(timeout))?;
+        z.failed(now);
+        Ok(())
+    }
 }
 
-/// The leader's session expiry for a touch at `now` (holders' time): its own clock runs
-/// `DRIFT` fast, and `ExpiryQueue.update` rounds `now + T` up to the next tickTime.
-fn expiry_after_touch(now: BootInstant) -> BootInstant {
+/// The leader's session expiry for a touch at `now` (holders' time) with `timeout` ticks: its
+/// own clock runs `DRIFT` fast, and `ExpiryQueue.update` rounds `now + T` up to the next tickTime.
+fn expiry_after_touch(now: BootInstant, timeout: u64) -> BootInstant {
     let leader_now = ticks(now) * (1.0 + DRIFT);
-    let rounded = ((leader_now + TTL as f64) / TICK_TIME).floor() * TICK_TIME + TICK_TIME;
+    let rounded = ((leader_now + timeout as f64) / TICK_TIME).floor() * TICK_TIME + TICK_TIME;
     at(0) + Duration::from_secs_f64(rounded / (1.0 + DRIFT))
+}
+
+/// The leader's PINGs go out at whole ticks.
+fn whole(t: BootInstant) -> bool {
+    t.since_boot().subsec_nanos() == 0
 }
 
 impl State {
     fn due(&self, c: usize) -> Option<ZkNext> {
         let cl = &self.clients[c];
         let h = cl.holding.as_ref().filter(|_| !cl.paused)?;
-        let now = at(self.now);
+        let now = self.now;
         match h.schedule.next(now) {
             n @ (ZkNext::Lost | ZkNext::Send(_)) => Some(n),
             n @ ZkNext::AwaitUntil(t) if now >= t => Some(n),
@@ -313,8 +352,49 @@ impl State {
         free && !cl.paused && cl.holding.is_none() && self.world.children[c].is_none()
     }
 
-    fn deliverable(&self, m: &Msg) -> bool {
-        m.reply.is_none() || !self.clients[m.client].paused
+    /// Client message `i` can arrive now: its receiver is not a paused holder, and nothing sent
+    /// before it on its connection, the same way, is still in flight (a ZooKeeper connection
+    /// is FIFO both ways).
+    fn deliverable(&self, i: usize) -> bool {
+        let m = &self.net[i];
+        let way = |x: &Msg| (x.client, x.reply.is_some());
+        let first = self.net.iter().position(|x| way(x) == way(m)) == Some(i);
+        first && (m.reply.is_none() || !self.clients[m.client].paused)
+    }
+
+    /// The instant before which holder `c` gives up on its message `m`, if it awaits it.
+    fn gives_up(&self, m: &Msg) -> Option<BootInstant> {
+        let h = self.clients[m.client].holding.as_ref()?;
+        match h.schedule.next(self.now) {
+            ZkNext::AwaitUntil(t) if h.token == m.token => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The next instant something may happen: a holder's schedule acts, a packet or message is
+    /// due, the leader expires a session, a cut-off follower closes its connections.
+    fn next_instant(&self, horizon: u32) -> BootInstant {
+        let holders = self.clients.iter().filter(|c| !c.paused);
+        let schedules =
+            holders
+                .flat_map(|c| &c.holding)
+                .filter_map(|h| match h.schedule.next(self.now) {
+                    ZkNext::SleepUntil(t) | ZkNext::AwaitUntil(t) => Some(t),
+                    _ => None,
+                });
+        let expiries = self.sessions.iter().flatten().map(|x| x.expiry);
+        let expiries = expiries.filter(|_| !self.leader_paused);
+        let links = (0..2).flat_map(|f| {
+            let fo = &self.followers[f];
+            let heads = [&fo.to_leader, &fo.from_leader].map(|q| q.first().map(|p| p.due));
+            let closes = fo.cut.map(|t| t + SYNC_LIMIT).filter(|_| !fo.closed);
+            heads.into_iter().flatten().chain(closes)
+        });
+        let messages = (0..self.net.len())
+            .filter(|i| self.deliverable(*i))
+            .map(|i| self.net[i].due);
+        let all = schedules.chain(expiries).chain(links).chain(messages);
+        next_instant(self.now, horizon, all)
     }
 
     /// The head of a link can arrive: the link is up and the leader runs.
@@ -330,18 +410,16 @@ impl State {
             let q = if up { &fo.to_leader } else { &fo.from_leader };
             self.link_ready(f, up) && q[0].due <= self.now
         };
-        self.now < horizon
+        self.now < at(horizon)
             && !(0..2).any(|f| overdue(f, true) || overdue(f, false))
             && (0..2).all(|c| self.due(c).is_none() && !self.may_acquire(c))
-            && self
-                .net
-                .iter()
-                .all(|m| m.due > self.now || !self.deliverable(m))
+            && (0..self.net.len())
+                .all(|i| self.net[i].due > self.now || self.net[i].late || !self.deliverable(i))
     }
 
     fn answer_client(&mut self, c: usize, step: Step, reply: Reply, delay: u32) {
         let token = self.clients[c].holding.as_ref().map_or(0, |h| h.token);
-        let due = self.now + delay;
+        let due = arrives_by(self.now, delay);
         let reply = Some(reply);
         self.net.push(Msg {
             client: c,
@@ -349,12 +427,13 @@ impl State {
             step,
             reply,
             due,
+            late: false,
         });
     }
 
     /// Queue `packet` on follower `f`'s link to (`up`) or from the leader, unless it is cut.
     fn queue(&mut self, f: usize, up: bool, packet: Packet, delay: u32) {
-        let due = self.now + delay;
+        let due = arrives_by(self.now, delay);
         let fo = &mut self.followers[f];
         if fo.cut.is_none() {
             let q = if up {
@@ -367,9 +446,9 @@ impl State {
     }
 
     /// The leader's expirer: every session whose expiry passed is closed, its node deleted.
-    fn expire(&mut self, floor: BootInstant, delay: u32) {
+    fn expire(&mut self, delay: u32) {
         for c in 0..2 {
-            let Some(sess) = self.sessions[c].filter(|x| x.expiry <= at(self.now)) else {
+            let Some(sess) = self.sessions[c].filter(|x| x.expiry <= self.now) else {
                 continue;
             };
             self.sessions[c] = None;
@@ -380,7 +459,6 @@ impl State {
                 })
             {
                 self.node = None;
-                self.freed = Some(sess.expiry.max(floor));
                 (0..2).for_each(|f| self.queue(f, false, Packet::Node(None), delay));
             }
         }
@@ -404,6 +482,19 @@ impl Zk {
             } else if left && self.faults.processes {
                 out.push(Action::PauseClient(i));
             }
+            let other = &s.followers[1 - s.clients[i].via];
+            let reaches = other.cut.is_none() && !s.leader_paused;
+            let runs = s.clients[i].holding.is_some() && !s.clients[i].paused;
+            if left && self.faults.moves && runs && reaches {
+                out.push(Action::Move(i));
+            }
+        }
+        if s.slowed < self.faults.slow {
+            for (i, m) in s.net.iter().enumerate() {
+                if s.gives_up(m).is_some_and(|t| t - EPSILON > m.due) {
+                    out.push(Action::Slow(i));
+                }
+            }
         }
     }
 }
@@ -421,21 +512,22 @@ impl Model for Zk {
             to_leader: Vec::new(),
             from_leader: Vec::new(),
         };
-        let client = Client {
+        let client = |via| Client {
             paused: false,
             holding: None,
+            via,
         };
         vec![State {
-            now: 0,
+            now: at(0),
             leader_paused: false,
             sessions: [None, None],
             node: None,
-            freed: None,
             tokens: 0,
             followers: [follower.clone(), follower],
-            clients: [client.clone(), client],
+            clients: [client(0), client(1)],
             net: Vec::new(),
             faults: 0,
+            slowed: 0,
             world: World::default(),
         }]
     }
@@ -447,8 +539,8 @@ impl Model for Zk {
         if s.may_tick(self.horizon) {
             out.push(Action::Tick);
         }
-        for (i, m) in s.net.iter().enumerate() {
-            if s.deliverable(m) {
+        for i in 0..s.net.len() {
+            if s.deliverable(i) {
                 out.push(Action::Deliver(i));
             }
         }
@@ -472,7 +564,7 @@ impl Model for Zk {
         let mut s = last.clone();
         let (d, l) = (self.delay, self.link_delay);
         match action {
-            Action::Tick => tick(&mut s, d, l),
+            Action::Tick => tick(&mut s, last.next_instant(self.horizon), d, l),
             Action::Acquire(c) => acquire(&mut s, c, self, l),
             Action::Keep(c) => keep(&mut s, c, d),
             Action::Deliver(i) => deliver(&mut s, i, d, l),
@@ -492,7 +584,7 @@ impl Model for Zk {
             Action::ResumeLeader(expirer_first) => {
                 s.leader_paused = false;
                 if expirer_first {
-                    s.expire(at(s.now), l);
+                    s.expire(l);
                 }
             }
             Action::PauseClient(c) => {
@@ -500,13 +592,24 @@ impl Model for Zk {
                 s.clients[c].paused = true;
             }
             Action::ResumeClient(c) => s.clients[c].paused = false,
+            Action::Slow(i) => {
+                s.slowed += 1;
+                let until = last.gives_up(&last.net[i]).expect("a renewal's message");
+                s.net[i].due = until - EPSILON;
+                s.net[i].late = true;
+            }
+            Action::Move(c) => {
+                s.faults += 1;
+                moved(&mut s, c);
+            }
         }
-        s.net.sort_by_key(|m| (m.client, m.due, m.reply.is_some()));
+        // Each holder's messages stay in the order sent (a stable sort).
+        s.net.sort_by_key(|m| m.client);
         Some(s)
     }
 
     fn within_boundary(&self, s: &State) -> bool {
-        s.now <= self.horizon
+        s.now <= at(self.horizon)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
@@ -514,23 +617,69 @@ impl Model for Zk {
     }
 }
 
-/// Time moves on: the leader's expirer runs, then its PING to each follower; a follower cut off
-/// for syncLimit × tickTime closes its clients' connections.
-fn tick(s: &mut State, d: u32, l: u32) {
-    s.now += 1;
-    s.freed = None;
-    s.world.reap(at(s.now));
+/// Time moves on to `to`: the leader's expirer runs, then, at a whole tick, its PING to each
+/// follower; a follower cut off for syncLimit × tickTime closes its clients' connections.
+fn tick(s: &mut State, to: BootInstant, d: u32, l: u32) {
+    s.now = to;
+    s.net.retain(|m| !m.late || m.due >= to);
+    s.world.reap(s.now);
     if !s.leader_paused {
-        s.expire(at(s.now - 1), l);
-        (0..2).for_each(|f| s.queue(f, false, Packet::Ping, l));
+        s.expire(l);
+        if whole(s.now) {
+            (0..2).for_each(|f| s.queue(f, false, Packet::Ping, l));
+        }
     }
     for f in 0..2 {
         let fo = &mut s.followers[f];
-        if fo.cut.is_some_and(|t| s.now >= t + SYNC_LIMIT_TICKS) && !fo.closed {
+        if fo.cut.is_some_and(|t| s.now >= t + SYNC_LIMIT) && !fo.closed {
             fo.closed = true;
-            if s.clients[f].holding.is_some() {
-                s.answer_client(f, Step::Look, Reply::Disconnected, d);
+            for c in 0..2 {
+                if s.clients[c].via == f && s.clients[c].holding.is_some() {
+                    s.answer_client(c, Step::Look, Reply::Disconnected, d);
+                }
             }
+        }
+    }
+}
+
+/// Holder `c`'s session moves to the other follower, which revalidates it with the leader at
+/// once: the leader's expiry now counts `SHORT` from this instant, and so does every later
+/// touch. The old connection and what was in flight on it are gone.
+fn moved(s: &mut State, c: usize) {
+    let from = s.clients[c].via;
+    s.clients[c].via = 1 - from;
+    s.net.retain(|m| m.client != c);
+    let fo = &mut s.followers[from];
+    for q in [&mut fo.to_leader, &mut fo.from_leader] {
+        q.retain(|p| !p.packet.is_for(c));
+    }
+    let now = s.now;
+    let Some(h) = s.clients[c].holding.as_mut() else {
+        return;
+    };
+    let token = h.token;
+    let Some(sess) = s.sessions[c].as_mut().filter(|x| x.token == token) else {
+        return lose(s, c);
+    };
+    sess.timeout = SHORT;
+    sess.expiry = expiry_after_touch(now, SHORT);
+    let moved = h.schedule.moved(now, SHORT);
+    let d = h.schedule.deadline();
+    s.world.lower(c, d);
+    if moved.is_err() {
+        lose(s, c);
+    }
+}
+
+impl Packet {
+    /// A client's request or its answer, which belongs to that client's connection.
+    const fn is_for(&self, c: usize) -> bool {
+        match *self {
+            Packet::Sync(x)
+            | Packet::Check(x, _)
+            | Packet::SyncDone(x)
+            | Packet::Committed(x, _) => x == c,
+            _ => false,
         }
     }
 }
@@ -539,11 +688,12 @@ fn tick(s: &mut State, d: u32, l: u32) {
 fn acquire(s: &mut State, c: usize, model: &Zk, d: u32) {
     s.tokens += 1;
     let token = s.tokens;
-    let start = s.freed.unwrap_or(at(s.now));
+    let start = s.now;
     let lock = Lock { client: c, token };
     s.sessions[c] = Some(Session {
         token,
-        expiry: expiry_after_touch(start),
+        expiry: expiry_after_touch(start, TTL),
+        timeout: TTL,
     });
     s.node = Some(lock);
     (0..2).for_each(|f| s.queue(f, false, Packet::Node(Some(lock)), d));
@@ -554,7 +704,7 @@ fn acquire(s: &mut State, c: usize, model: &Zk, d: u32) {
 
 /// The keeper does what its schedule says is due now.
 fn keep(s: &mut State, c: usize, d: u32) {
-    let now = at(s.now);
+    let now = s.now;
     let Some(next) = s.due(c) else { return };
     let h = s.clients[c]
         .holding
@@ -565,13 +715,14 @@ fn keep(s: &mut State, c: usize, d: u32) {
         ZkNext::Lost => lose(s, c),
         ZkNext::Send(step) => {
             h.schedule.sent(step, now);
-            let due = s.now + d;
+            let due = arrives_by(now, d);
             s.net.push(Msg {
                 client: c,
                 token,
                 step,
                 reply: None,
                 due,
+                late: false,
             });
         }
         _ => h.schedule.failed(now),
@@ -579,7 +730,7 @@ fn keep(s: &mut State, c: usize, d: u32) {
 }
 
 fn lose(s: &mut State, c: usize) {
-    s.world.stop(c, at(s.now));
+    s.world.stop(c, s.now);
     s.clients[c].holding = None;
     s.net.retain(|m| m.client != c || m.reply.is_none());
 }
@@ -589,7 +740,9 @@ fn deliver(s: &mut State, i: usize, d: u32, l: u32) {
     let m = s.net.remove(i);
     let c = m.client;
     match m.reply {
-        None if s.followers[c].closed => s.answer_client(c, m.step, Reply::Disconnected, d),
+        None if s.followers[s.clients[c].via].closed => {
+            s.answer_client(c, m.step, Reply::Disconnected, d)
+        }
         None => request(s, &m, d, l),
         Some(reply) => answered(s, &m, reply),
     }
@@ -599,14 +752,15 @@ fn deliver(s: &mut State, i: usize, d: u32, l: u32) {
 /// it is answered there (a read) or forwarded to the leader (a sync or a write).
 fn request(s: &mut State, m: &Msg, d: u32, l: u32) {
     let c = m.client;
-    s.followers[c].touched[c] = Some(m.token);
+    let f = s.clients[c].via;
+    s.followers[f].touched[c] = Some(m.token);
     match m.step {
         Step::Look => {
-            let answer = seen(s.followers[c].node, c, m.token);
+            let answer = seen(s.followers[f].node, c, m.token);
             s.answer_client(c, Step::Look, Reply::Answered(answer), d);
         }
-        Step::Sync => s.queue(c, true, Packet::Sync(c), l),
-        Step::Check => s.queue(c, true, Packet::Check(c, m.token), l),
+        Step::Sync => s.queue(f, true, Packet::Sync(c), l),
+        Step::Check => s.queue(f, true, Packet::Check(c, m.token), l),
     }
 }
 
@@ -619,7 +773,7 @@ fn seen(node: Option<Lock>, c: usize, token: u8) -> Answer {
 }
 
 fn answered(s: &mut State, m: &Msg, reply: Reply) {
-    let now = at(s.now);
+    let now = s.now;
     let Some(h) = s.clients[m.client].holding.as_mut() else {
         return;
     };
@@ -644,12 +798,12 @@ fn answered(s: &mut State, m: &Msg, reply: Reply) {
 /// closing is not touched), a forwarded sync, or a Check that validates the session and the node.
 fn at_leader(s: &mut State, f: usize, d: u32) {
     let p = s.followers[f].to_leader.remove(0).packet;
-    let now = at(s.now);
+    let now = s.now;
     match p {
         Packet::PingReply(touched) => {
             for (c, t) in touched.iter().enumerate() {
                 if let Some(sess) = s.sessions[c].as_mut().filter(|x| Some(x.token) == *t) {
-                    sess.expiry = expiry_after_touch(now);
+                    sess.expiry = expiry_after_touch(now, sess.timeout);
                 }
             }
         }
@@ -682,6 +836,15 @@ fn at_follower(s: &mut State, f: usize, d: u32, l: u32) {
     }
 }
 
+impl crate::Twinned for Zk {
+    fn with_twin(self, twin: Twin) -> Self {
+        Self {
+            twin: Some(twin),
+            ..self
+        }
+    }
+}
+
 impl crate::Checked for Zk {
     fn world(s: &State) -> &World {
         &s.world
@@ -691,19 +854,19 @@ impl crate::Checked for Zk {
         self.faults.most == 0 && self.delay == 0 && self.link_delay == 0
     }
 
-    fn now(s: &State) -> u32 {
-        s.now
+    fn now(s: &State) -> f64 {
+        ticks(s.now)
     }
 
     fn describe(&self, s: &State, action: &Action) -> String {
         let after = self.next_state(s, *action).expect("a step of the trace");
         let what = match *action {
-            Action::Tick => return String::new(),
+            Action::Tick => return effects(s, &after).trim_start_matches("; ").into(),
             Action::Acquire(c) => format!(
                 "{} takes the lock (session {}) at {:.2}, D = {:.2}",
                 NAMES[c],
                 after.tokens,
-                ticks(s.freed.unwrap_or(at(s.now))),
+                ticks(s.now),
                 ticks(
                     after.clients[c]
                         .holding
@@ -714,11 +877,13 @@ impl crate::Checked for Zk {
                 )
             ),
             Action::Keep(c) => match s.due(c) {
-                Some(ZkNext::Send(step)) => format!("{} sends {step:?} to F{}", NAMES[c], c + 1),
+                Some(ZkNext::Send(step)) => {
+                    format!("{} sends {step:?} to F{}", NAMES[c], s.clients[c].via + 1)
+                }
                 Some(ZkNext::Lost) => format!("{} reaches its stop time: lease lost", NAMES[c]),
                 _ => format!("{}'s step is late: a failure", NAMES[c]),
             },
-            Action::Deliver(i) => delivered(&s.net[i]),
+            Action::Deliver(i) => delivered(s, &s.net[i]),
             Action::Link(f, up) => return link(s, &after, f, up),
             Action::Cut(f) => format!("F{}'s links to the leader are cut", f + 1),
             Action::PauseLeader => "the leader is paused".into(),
@@ -726,6 +891,16 @@ impl crate::Checked for Zk {
             Action::ResumeLeader(false) => "the leader runs again".into(),
             Action::PauseClient(c) => format!("{}'s leasewrap is paused", NAMES[c]),
             Action::ResumeClient(c) => format!("{}'s leasewrap runs again", NAMES[c]),
+            Action::Slow(i) => {
+                let c = NAMES[s.net[i].client];
+                let what = delivered(s, &s.net[i]).replacen(" gets ", " will get ", 1);
+                format!("held back, to come just before {c} gives up or never: {what}")
+            }
+            Action::Move(c) => format!(
+                "{}'s session moves to F{}, which negotiates a timeout of {SHORT}",
+                NAMES[c],
+                2 - s.clients[c].via
+            ),
         };
         format!("{what}{}", effects(s, &after))
     }
@@ -764,15 +939,12 @@ fn link(s: &State, after: &State, f: usize, up: bool) -> String {
     format!("{line}{}", effects(s, after))
 }
 
-fn delivered(m: &Msg) -> String {
+fn delivered(s: &State, m: &Msg) -> String {
     let who = NAMES[m.client];
+    let f = s.clients[m.client].via + 1;
     match m.reply {
-        None => format!("F{} gets {who}'s {:?}", m.client + 1, m.step),
-        Some(r) => format!(
-            "{who} gets F{}'s answer to {:?}: {r:?}",
-            m.client + 1,
-            m.step
-        ),
+        None => format!("F{f} gets {who}'s {:?}", m.step),
+        Some(r) => format!("{who} gets F{f}'s answer to {:?}: {r:?}", m.step),
     }
 }
 
@@ -808,10 +980,7 @@ fn effects(s: &State, after: &State) -> String {
         }
     }
     if s.node.is_some() && after.node.is_none() {
-        let when = after.freed.map_or(after.now as f64, ticks);
-        out.push_str(&format!(
-            "; L expires the session, the lock node goes at {when:.2}"
-        ));
+        out.push_str("; L expires the session, the lock node goes");
     }
     out.push_str(&s.world.newly_broken(&after.world));
     out

@@ -21,7 +21,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{stop_time, Effective, KeySeen, Params, Twin, Verdict};
+use super::{stop_time, Effective, KeySeen, Params, Twin, Twins, Verdict};
 use crate::clock::BootInstant;
 use crate::lease::LossReason;
 
@@ -244,8 +244,7 @@ pub struct ZkSchedule {
     /// The ensemble's tickTime, when it told it: the PING bound of a shortened timeout.
     tick: Option<Duration>,
     /// The broken twin the model checker runs instead of the rule.
-    #[cfg(feature = "model-twins")]
-    twin: Option<Twin>,
+    twins: Twins,
 }
 
 /// The state a model checker tells apart (tests/model): every field but the timing, which is
@@ -288,32 +287,13 @@ impl ZkSchedule {
             phase: Phase::Idle,
             failures: 0,
             tick,
-            #[cfg(feature = "model-twins")]
-            twin: None,
+            twins: Twins::default(),
         })
-    }
-
-    /// The same schedule, following a broken twin of the rule.
-    #[cfg(feature = "model-twins")]
-    #[doc(hidden)]
-    pub fn twin(self, twin: Twin) -> Self {
-        Self {
-            twin: Some(twin),
-            ..self
-        }
-    }
-
-    /// This schedule follows `twin` (never, in a build without the feature).
-    fn is_twin(&self, _twin: Twin) -> bool {
-        #[cfg(feature = "model-twins")]
-        return self.twin == Some(_twin);
-        #[cfg(not(feature = "model-twins"))]
-        false
     }
 
     /// How long the Sync waits after the Look's answer: Δ.
     fn relay(&self) -> Duration {
-        if self.is_twin(Twin::NoRelayWait) {
+        if self.twins.are(Twin::NoRelayWait) {
             Duration::ZERO
         } else {
             self.timing.relay
@@ -367,7 +347,7 @@ impl ZkSchedule {
             {
                 Phase::Syncing { t_look }
             }
-            (Step::Check, Phase::Synced { t_look }) if self.is_twin(Twin::DFromCheck) => {
+            (Step::Check, Phase::Synced { .. }) if self.twins.are(Twin::DFromCheck) => {
                 Phase::Checking { t_look: t_send }
             }
             (Step::Check, Phase::Synced { t_look }) => Phase::Checking { t_look },
@@ -444,7 +424,9 @@ impl ZkSchedule {
             Ok(t) => (t, true),
             Err(DoesNotFit(t)) => (t, false),
         };
-        self.deadline = self.deadline.min(timing.deadline(t_send));
+        if !self.twins.are(Twin::MoveKeepsD) {
+            self.deadline = self.deadline.min(timing.deadline(t_send));
+        }
         self.timing = timing;
         if fits {
             Ok(())
@@ -456,6 +438,13 @@ impl ZkSchedule {
     /// True while no renewal is in progress.
     pub fn is_idle(&self) -> bool {
         self.phase.is_idle()
+    }
+
+    /// The same session, renewed by a broken twin of the rule (tests/model).
+    #[cfg(feature = "model-twins")]
+    pub fn twin(self, twin: Twin) -> Self {
+        let twins = Twins::of(twin);
+        Self { twins, ..self }
     }
 }
 
