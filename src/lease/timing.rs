@@ -809,6 +809,34 @@ mod tests {
         assert!(err.to_string().contains("= 9.000s"), "{err}");
     }
 
+    /// What the model checker (tests/model) hashes a schedule to: the same for the same state.
+    pub(crate) fn hash_of(x: &impl std::hash::Hash) -> u64 {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        x.hash(&mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn schedules_in_different_states_hash_apart_for_the_model_checker() {
+        let base = granted_at(0);
+        let mut sent = granted_at(0);
+        sent.sent(at(3_000));
+        let mut failed = granted_at(0);
+        failed.failed(at(0));
+        let mut renewed = granted_at(0);
+        renew(&mut renewed, 3_000, 3_010, 3_020, 10);
+        let others = granted_at(0).through_several_members();
+        let longer = Schedule::granted(params(10), at(0), 20).unwrap();
+        let states = [&base, &sent, &failed, &renewed, &others, &longer];
+        for (i, a) in states.iter().enumerate() {
+            for b in &states[i + 1..] {
+                assert_ne!(hash_of(*a), hash_of(*b), "{a:?} and {b:?}");
+            }
+        }
+        assert_eq!(hash_of(&base), hash_of(&granted_at(0)));
+    }
+
     #[test]
     fn default_timing_fits_every_ttl_from_one_second() {
         for ttl in [1, 2, 3, 5, 10, 30, 600] {

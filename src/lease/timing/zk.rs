@@ -706,6 +706,28 @@ mod tests {
     }
 
     #[test]
+    fn sessions_in_different_states_hash_apart_for_the_model_checker() {
+        use crate::lease::timing::tests::hash_of;
+        let base = session();
+        let mut looking = session();
+        looking.sent(Step::Look, at(1_000));
+        let mut failed = session();
+        failed.failed(at(0));
+        let mut renewed = session();
+        renew(&mut renewed, 1_000, 5);
+        let mut shorter = session();
+        shorter.reconnected(at(0), ms(3_900)).unwrap();
+        let later = ZkSchedule::connected(params(), at(1), Duration::from_secs(4), Some(TICK));
+        let states = [&base, &looking, &failed, &renewed, &shorter, &later.unwrap()];
+        for (i, a) in states.iter().enumerate() {
+            for b in &states[i + 1..] {
+                assert_ne!(hash_of(*a), hash_of(*b), "{a:?} and {b:?}");
+            }
+        }
+        assert_eq!(hash_of(&base), hash_of(&session()));
+    }
+
+    #[test]
     fn a_healthy_session_renews_every_quarter_and_never_comes_near_its_stop_time() {
         let mut s = session();
         let mut look = 1_000;
