@@ -691,6 +691,15 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("on ZooKeeper"), "{text}");
         assert!(text.contains("raise --ttl"), "{text}");
+        // Each term and the sum, in seconds: 2.5 + 1.25 + 0 + 5.25 + 1 = 10.
+        for term in [
+            "TTL/4 (2.500s)",
+            "bound (1.250s)",
+            "kill-after (5.250s)",
+            "= 10.000s",
+        ] {
+            assert!(text.contains(term), "{term} in {text}");
+        }
     }
 
     #[test]
@@ -706,6 +715,21 @@ mod tests {
     }
 
     #[test]
+    fn a_renewals_round_trips_get_three_times_the_connects_and_100_ms_each_at_least() {
+        assert_eq!(round_trip_allowance(Duration::ZERO), ms(300));
+        assert_eq!(round_trip_allowance(ms(40)), ms(300));
+        assert_eq!(round_trip_allowance(ms(250)), ms(750));
+        // The room counts in the rule: a timing that fits without it may not fit with it.
+        let p = Params {
+            kill_after: Some(ms(1_500)),
+            ..params()
+        };
+        let t = Duration::from_secs(4);
+        assert!(ZkSchedule::connected_within(p, at(0), t, Some(TICK), ms(300)).is_ok());
+        assert!(ZkSchedule::connected_within(p, at(0), t, Some(TICK), ms(750)).is_err());
+    }
+
+    #[test]
     fn sessions_in_different_states_hash_apart_for_the_model_checker() {
         use crate::lease::timing::tests::hash_of;
         let base = session();
@@ -718,7 +742,14 @@ mod tests {
         let mut shorter = session();
         shorter.reconnected(at(0), ms(3_900)).unwrap();
         let later = ZkSchedule::connected(params(), at(1), Duration::from_secs(4), Some(TICK));
-        let states = [&base, &looking, &failed, &renewed, &shorter, &later.unwrap()];
+        let states = [
+            &base,
+            &looking,
+            &failed,
+            &renewed,
+            &shorter,
+            &later.unwrap(),
+        ];
         for (i, a) in states.iter().enumerate() {
             for b in &states[i + 1..] {
                 assert_ne!(hash_of(*a), hash_of(*b), "{a:?} and {b:?}");
