@@ -8,6 +8,9 @@
 //! member stuck in fsync answers keepalives from its lessor with its old term and serves no
 //! linearizable read; a paused member answers nothing; both come back with their lessor still
 //! primary, and before etcd 3.5.13 that lessor revokes every lease it thinks expired.
+//!
+//! A renewal's keepalive, read and their replies may be held back to the instant before the holder
+//! gives up on them; each gRPC stream is FIFO, streams are not ordered among themselves.
 
 use leasewrap::clock::BootInstant;
 use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Twin, Verdict};
@@ -764,7 +767,7 @@ impl crate::Checked for Etcd {
     }
 
     fn healthy(&self) -> bool {
-        self.faults.most == 0 && self.delay == 0
+        self.faults.most == 0 && self.faults.slow == 0 && self.delay == 0
     }
 
     fn now(s: &State) -> f64 {

@@ -2,8 +2,11 @@
 //!
 //! Each model explores every interleaving of two holders, three members, message delays and a
 //! bounded number of faults, for a TTL of 10 ticks, with leasewrap's own deadline rules on the
-//! holders' side. A rule that is kept here as a counterexample must be found broken, and its
-//! shortest trace is printed as a timeline. `LEASEWRAP_MODEL_DEEP=1` runs the deep sizes.
+//! holders' side. Time is exact: it moves to the next instant at which something may happen, so
+//! that a held-back message can come 1 ns before its holder gives up on it. A rule that is kept
+//! here as a counterexample, and each broken twin of the shipped rules (`timing::Twin`), must be
+//! found broken, and its shortest trace is printed as a timeline. `LEASEWRAP_MODEL_DEEP=1` runs
+//! the deep sizes.
 
 mod common;
 mod etcd;

@@ -8,7 +8,9 @@
 //! follower-leader links are FIFO both ways. A write (the Check) is checked at the leader, never
 //! touched. A follower cut off from the leader goes on answering reads for syncLimit × tickTime,
 //! then closes its clients' connections. No election: a leader change only lengthens sessions
-//! (docs/zookeeper.md §7).
+//! (docs/zookeeper.md §7). A holder's connection is FIFO both ways; its requests and answers may be
+//! held back to the instant before its stop time; its session may move to the other follower,
+//! which negotiates a shorter timeout that the leader applies at once.
 
 use std::time::Duration;
 
@@ -19,7 +21,7 @@ use leasewrap::lease::LossReason;
 use stateright::{Model, Property};
 
 use crate::common::{
-    arrives_by, at, next_instant, params, ticks, World, DRIFT, EPSILON, NAMES, TTL,
+    arrives_by, at, next_instant, next_tick, params, ticks, World, DRIFT, EPSILON, NAMES, TTL,
 };
 
 /// tickTime, in ticks (T = 5 tickTimes, within ZooKeeper's default 2..20).
@@ -56,6 +58,9 @@ pub struct Faults {
     /// How many of the holders' requests and answers may come late: up to the instant before
     /// the holder gives up on them (its stop time). Counted apart from `most`.
     pub slow: u8,
+    /// How many follower-leader packets may come up to a tick late (the link is FIFO: what is
+    /// behind waits too). Counted apart from `most`.
+    pub links: u8,
 }
 
 #[derive(Clone, Debug)]
@@ -188,6 +193,8 @@ pub struct State {
     pub faults: u8,
     /// Messages made late so far.
     pub slowed: u8,
+    /// Follower-leader packets made late so far.
+    pub late_links: u8,
     pub world: World,
 }
 
@@ -210,6 +217,8 @@ pub enum Action {
     Slow(usize),
     /// Holder `c`'s session moves to the other follower, which negotiates `SHORT`.
     Move(usize),
+    /// The head of follower `f`'s link to the leader (true) or from it comes at the next tick.
+    LateLink(usize, bool),
 }
 
 fn timing() -> Effective {
@@ -489,6 +498,14 @@ impl Zk {
                 out.push(Action::Move(i));
             }
         }
+        for (f, up) in [(0, true), (0, false), (1, true), (1, false)] {
+            let fo = &s.followers[f];
+            let q = if up { &fo.to_leader } else { &fo.from_leader };
+            let now = q.first().is_some_and(|p| p.due <= s.now);
+            if s.late_links < self.faults.links && s.link_ready(f, up) && now {
+                out.push(Action::LateLink(f, up));
+            }
+        }
         if s.slowed < self.faults.slow {
             for (i, m) in s.net.iter().enumerate() {
                 if s.gives_up(m).is_some_and(|t| t - EPSILON > m.due) {
@@ -528,6 +545,7 @@ impl Model for Zk {
             net: Vec::new(),
             faults: 0,
             slowed: 0,
+            late_links: 0,
             world: World::default(),
         }]
     }
@@ -601,6 +619,16 @@ impl Model for Zk {
             Action::Move(c) => {
                 s.faults += 1;
                 moved(&mut s, c);
+            }
+            Action::LateLink(f, up) => {
+                s.late_links += 1;
+                let fo = &mut s.followers[f];
+                let q = if up {
+                    &mut fo.to_leader
+                } else {
+                    &mut fo.from_leader
+                };
+                q[0].due = next_tick(s.now);
             }
         }
         // Each holder's messages stay in the order sent (a stable sort).
@@ -851,7 +879,8 @@ impl crate::Checked for Zk {
     }
 
     fn healthy(&self) -> bool {
-        self.faults.most == 0 && self.delay == 0 && self.link_delay == 0
+        let late = self.faults.slow + self.faults.links;
+        self.faults.most == 0 && late == 0 && self.delay == 0 && self.link_delay == 0
     }
 
     fn now(s: &State) -> f64 {
@@ -895,6 +924,10 @@ impl crate::Checked for Zk {
                 let c = NAMES[s.net[i].client];
                 let what = delivered(s, &s.net[i]).replacen(" gets ", " will get ", 1);
                 format!("held back, to come just before {c} gives up or never: {what}")
+            }
+            Action::LateLink(f, true) => format!("F{}'s next packet to L comes a tick late", f + 1),
+            Action::LateLink(f, false) => {
+                format!("L's next packet to F{} comes a tick late", f + 1)
             }
             Action::Move(c) => format!(
                 "{}'s session moves to F{}, which negotiates a timeout of {SHORT}",

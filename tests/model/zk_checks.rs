@@ -12,6 +12,7 @@ const CUTS: Faults = Faults {
     processes: false,
     moves: false,
     slow: 0,
+    links: 0,
 };
 
 fn zk(rule: Rule, faults: Faults, horizon: u32) -> Zk {
@@ -20,7 +21,7 @@ fn zk(rule: Rule, faults: Faults, horizon: u32) -> Zk {
         twin: None,
         faults,
         delay: 1,
-        link_delay: u32::from(deep()),
+        link_delay: 0,
         tick_known: true,
         horizon,
     }
@@ -53,13 +54,15 @@ fn zk_counting_d_from_the_latest_write_runs_two_children_at_once() {
 #[test]
 fn zk_the_rule_never_runs_two_children_at_once() {
     let faults = Faults {
-        most: if deep() { 2 } else { 1 },
         processes: true,
         slow: 1,
         ..CUTS
     };
-    let horizon = if deep() { 20 } else { 14 };
-    let run = check("zk rule", zk(Rule::LookSyncCheck, faults, horizon));
+    let faults = Faults {
+        links: if deep() { 2 } else { 0 },
+        ..faults
+    };
+    let run = check("zk rule", zk(Rule::LookSyncCheck, faults, 14));
     run.holds(OVERLAP);
     run.reaches(RENEWED);
     run.reaches(HANDED_OVER);
@@ -74,12 +77,13 @@ fn zk_a_paused_leader_never_runs_two_children_at_once() {
     let faults = Faults {
         leader_pauses: true,
         cuts: false,
+        links: if deep() { 2 } else { 0 },
         ..CUTS
     };
     for tick_known in [true, false] {
         let model = Zk {
             tick_known,
-            ..zk(Rule::LookSyncCheck, faults, if deep() { 24 } else { 14 })
+            ..zk(Rule::LookSyncCheck, faults, 14)
         };
         let run = check(
             &format!("zk rule, leader paused, tickTime known: {tick_known}"),
@@ -98,9 +102,10 @@ fn zk_a_move_to_a_shorter_timeout_that_keeps_d_runs_two_children_at_once() {
         cuts: false,
         moves: true,
         slow: 1,
+        links: if deep() { 2 } else { 0 },
         ..CUTS
     };
-    let model = zk(Rule::LookSyncCheck, faults, if deep() { 20 } else { 12 });
+    let model = zk(Rule::LookSyncCheck, faults, 12);
     check("zk move", model.clone()).holds(OVERLAP);
     let timeline = twin_breaks("zk move, D kept", model, Twin::MoveKeepsD);
     assert!(timeline.contains("negotiates a timeout"), "{timeline}");
