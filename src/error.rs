@@ -63,6 +63,9 @@ pub enum Error {
     },
     #[error("the child of {name:?} ran past --max-runtime {after}; its whole tree was stopped")]
     TimedOut { name: String, after: String },
+    /// Names what the kernel lacks and the Linux release that has it (supervise::kernel).
+    #[error("{0}")]
+    Kernel(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -85,6 +88,7 @@ impl Error {
             Error::NotExecutable(_) => 126,
             Error::NotFound(_) => 127,
             Error::Interrupted(sig) => signal_status(*sig as i32),
+            Error::Kernel(_) => 71,
             Error::Internal(_) => 125,
         }
     }
@@ -118,6 +122,10 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ),
     ("64", "bad usage: an option, duration, name or URL is wrong"),
     ("69", "etcd was unreachable before the lease was acquired"),
+    (
+        "71",
+        "the kernel lacks what leasewrap needs to stop the child's whole tree on time (pidfd_open, Linux 5.3; a CLOCK_BOOTTIME timerfd; PR_SET_CHILD_SUBREAPER): nothing was started",
+    ),
     ("73", "fenced-write or fenced-put refused a stale fencing token"),
     (
         "75",
@@ -171,7 +179,8 @@ mod tests {
             Error::Done { .. } => 11,
             Error::GaveUp { .. } => 12,
             Error::TimedOut { .. } => 13,
-            Error::Internal(_) => 14,
+            Error::Kernel(_) => 14,
+            Error::Internal(_) => 15,
         }
     }
 
@@ -212,6 +221,7 @@ mod tests {
                 name: "x".into(),
                 after: String::new(),
             },
+            Error::Kernel(String::new()),
             Error::Internal(String::new()),
         ]
     }
@@ -223,7 +233,7 @@ mod tests {
         let covered: Vec<usize> = all.iter().map(variant).collect();
         assert_eq!(
             covered,
-            (0..=14).collect::<Vec<_>>(),
+            (0..=15).collect::<Vec<_>>(),
             "one example of each variant"
         );
         for e in all {

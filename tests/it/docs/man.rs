@@ -247,6 +247,7 @@ fn main_page(cmd: &clap::Command) -> String {
         .para("leasewrap ends with its child's status, or says why it did not:")
         .items(leasewrap::error::EXIT_STATUS_TABLE)
         .para("leasewrap status has statuses of its own: see leasewrap-status(1).");
+    requirements(&mut s);
     s.heading("ENVIRONMENT")
         .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself. A bad value in a variable is reported under the variable's name (LEASEWRAP_LOG_FORMAT: invalid value 'JSON' ...), not as the option it stands for.")
         .items(READ)
@@ -275,6 +276,17 @@ fn main_page(cmd: &clap::Command) -> String {
     ]);
     s.version();
     generated(&man, true) + &s.render()
+}
+
+/// What the binary needs of the system: the glibc floor scripts/release.sh builds for, and
+/// the kernel features that supervise::kernel tries.
+fn requirements(s: &mut Sections) {
+    let floor = crate::support::release::glibc_floor();
+    s.heading("REQUIREMENTS")
+        .para(&format!("The released binary (scripts/release.sh, and the .deb and .rpm packages made from it) runs on x86_64 Linux with glibc {floor} or later, and needs no other library. A binary built from source needs its build host's glibc or later. leasewrap --version names the version, the commit it was built from (commit unknown outside git) and the oldest glibc it runs on."))
+        .para("Running a command needs these kernel features. leasewrap tries each one itself before it takes the lease (a kernel that has one backported passes); on a kernel without one it starts nothing and exits 71, with one line naming the feature and the Linux release that has it:")
+        .items(leasewrap::supervise::kernel::FEATURES)
+        .para("leasewrap status, fenced-write, fenced-put and fence-sql start no process tree and need none of them.");
 }
 
 fn examples_main(s: &mut Sections) {
