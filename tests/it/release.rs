@@ -13,21 +13,14 @@ use std::time::Duration;
 
 use crate::support::elf;
 use crate::support::release::{self, dist};
-use crate::support::{run_bounded, Output, BIN};
+use crate::support::{run_bounded, Finished, Output, BIN};
 
 /// How long a packaging tool (lintian, rpmlint, rpm, dpkg-deb, tar) may take.
 const TOOL_BOUND: Duration = Duration::from_secs(120);
 
-/// The libraries of glibc itself: all that the binary may need at run time.
-const GLIBC_LIBRARIES: &[&str] = &[
-    "libc.so.6",
-    "libm.so.6",
-    "libpthread.so.0",
-    "libdl.so.2",
-    "librt.so.1",
-    "libutil.so.1",
-    "ld-linux-x86-64.so.2",
-];
+/// The libraries of glibc itself (its loader among them): all the binary may need at run time.
+const GLIBC_LIBRARIES: &str =
+    "libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1 ld-linux-x86-64.so.2";
 
 /// Runs `program args...`, bounded; fails the test, naming the package to install, when the
 /// program is missing.
@@ -46,15 +39,11 @@ fn tool(program: &str, args: &[&str], install: &str) -> Output {
     run_bounded(cmd, TOOL_BOUND)
 }
 
+/// The stdout of `out`, which must have succeeded (else its status and streams, under `what`).
 #[track_caller]
 fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
+    let failed = (!out.status.success()).then(|| format!("{}{}", out.status, out.context()));
+    assert!(failed.is_none(), "{what}: {}", failed.unwrap_or_default());
     out.stdout
 }
 
@@ -91,7 +80,7 @@ fn assert_needs_at_most(binary: &Path, floor: (u32, u32)) -> Vec<String> {
     let foreign: Vec<&String> = needs
         .libraries
         .iter()
-        .filter(|l| !GLIBC_LIBRARIES.contains(&l.as_str()))
+        .filter(|l| !GLIBC_LIBRARIES.split(' ').any(|g| g == l.as_str()))
         .collect();
     assert!(foreign.is_empty(), "{} needs {foreign:?}", binary.display());
     let mut glibc: Vec<((u32, u32), String)> = Vec::new();
@@ -485,17 +474,32 @@ fn sha256sums_names_every_file_of_the_release_and_each_checks() {
     ok(run_bounded(cmd, TOOL_BOUND), "sha256sum -c");
 }
 
+/// The field `name` of the release's .deb (`dpkg-deb -f`).
+fn deb_field(name: &str) -> String {
+    let deb = dist().deb();
+    let out = tool(
+        "dpkg-deb",
+        &["-f", path(&deb), name],
+        "apt-get install dpkg",
+    );
+    ok(out, "dpkg-deb -f")
+}
+
+/// `rpm -qp QUERY...` of the release's .rpm.
+fn rpm_query(query: &[&str]) -> String {
+    let rpm = dist().rpm();
+    let args: Vec<&str> = ["-qp"]
+        .iter()
+        .chain(query)
+        .copied()
+        .chain([path(&rpm)])
+        .collect();
+    ok(tool("rpm", &args, "apt-get install rpm"), "rpm -qp")
+}
+
 #[test]
 fn the_packages_say_what_leasewrap_is_zookeeper_and_the_database_fences_included() {
-    let dist = dist();
-    let deb = ok(
-        tool(
-            "dpkg-deb",
-            &["-f", path(&dist.deb()), "Description"],
-            "apt-get install dpkg",
-        ),
-        "dpkg-deb -f",
-    );
+    let deb = deb_field("Description");
     for word in [
         "etcd",
         "ZooKeeper",
@@ -508,41 +512,20 @@ fn the_packages_say_what_leasewrap_is_zookeeper_and_the_database_fences_included
             "the .deb's description lacks {word}:\n{deb}"
         );
     }
-    let rpm = ok(
-        tool(
-            "rpm",
-            &["-qp", "--qf", "%{SUMMARY}", path(&dist.rpm())],
-            "apt-get install rpm",
-        ),
-        "rpm -qp",
-    );
+    let rpm = rpm_query(&["--qf", "%{SUMMARY}"]);
     assert!(rpm.contains("ZooKeeper"), "the .rpm's summary: {rpm}");
 }
 
 #[test]
 fn both_packages_ask_for_no_newer_glibc_than_the_floor() {
     let dist = dist();
-    let depends = ok(
-        tool(
-            "dpkg-deb",
-            &["-f", path(&dist.deb()), "Depends"],
-            "apt-get install dpkg",
-        ),
-        "dpkg-deb -f",
-    );
+    let depends = deb_field("Depends");
     assert_eq!(
         depends.trim(),
         format!("libc6 (>= {})", dist.glibc_floor),
         "the .deb's Depends"
     );
-    let requires = ok(
-        tool(
-            "rpm",
-            &["-qp", "--requires", path(&dist.rpm())],
-            "apt-get install rpm",
-        ),
-        "rpm -qp --requires",
-    );
+    let requires = rpm_query(&["--requires"]);
     let floor = floor_of(&dist.glibc_floor);
     let versions = requires.lines().filter_map(|r| {
         let inner = r.split_once('(')?.1.split_once(')')?.0;

@@ -577,11 +577,7 @@ pub fn run(example: &Example) -> Vec<String> {
         return Vec::new();
     }
     if example.has("install") {
-        let world = World::new(None);
-        let out = run_bounded(install_shell(example, &world), install_bound(example));
-        return not_as_said(example, &example.text, &out)
-            .into_iter()
-            .collect();
+        return run_install(example);
     }
     let world = World::new(etcd_for(example));
     let script = script_of(example);
@@ -624,6 +620,24 @@ fn not_as_said(example: &Example, script: &str, out: &Output) -> Option<String> 
     ))
 }
 
+/// Runs an `install` example; what went otherwise than it says, and whether it left a leasewrap
+/// where it says it installs one.
+fn run_install(example: &Example) -> Vec<String> {
+    let world = World::new(None);
+    let out = run_bounded(install_shell(example, &world), install_bound(example));
+    let mut wrong: Vec<String> = not_as_said(example, &example.text, &out)
+        .into_iter()
+        .collect();
+    let places = ["hosts/a/usr/bin/leasewrap", "usr/local/bin/leasewrap"];
+    if !places.iter().any(|p| world.path(p).is_file()) {
+        wrong.push(format!(
+            "{}: installed no leasewrap\n{}",
+            example.place, out.stderr
+        ));
+    }
+    wrong
+}
+
 /// The bound of an install example: one that builds from source may build the release profile.
 fn install_bound(example: &Example) -> Duration {
     if example.has("source") {
@@ -649,8 +663,10 @@ fn install_shell(example: &Example, world: &World) -> Command {
         symlink(entry.path(), world.path("cwd").join(entry.file_name())).unwrap();
     }
     let at = host.display();
+    // `--root /usr/local`, which the paths' rewriting (prefixes that end in `/`) would miss.
+    let local = format!("--root {}", world.path("usr/local").display());
     let script = world
-        .rewrite(&example.text, "a")
+        .rewrite(&example.text.replace("--root /usr/local", &local), "a")
         .replace("dpkg -i ", &format!("dpkg --root={at} --force-depends -i "))
         .replace("rpm -U", &format!("rpm --root {at} --nodeps -U"));
     let mut cmd = world.shell("a", &script);
