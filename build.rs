@@ -30,7 +30,7 @@ fn main() {
         None => commit,
     };
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
-    println!("cargo:rustc-env=LEASEWRAP_LONG_VERSION={version} ({built})");
+    println!("cargo:rustc-env=LONG_VERSION={version} ({built})");
     static_unwinder(&cc_var);
 }
 

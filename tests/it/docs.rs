@@ -290,8 +290,28 @@ fn deb_assets() -> Vec<[String; 3]> {
         .collect()
 }
 
+/// What both packages must ship: every man page, completion, unit, SQL file and user doc.
+fn shipped() -> Vec<String> {
+    let mut shipped: Vec<String> = man::pages()
+        .into_iter()
+        .map(|(n, _)| format!("man/{n}"))
+        .collect();
+    shipped.extend(
+        completions()
+            .into_iter()
+            .map(|(n, _)| format!("packaging/completions/{n}")),
+    );
+    shipped.extend(files_in("packaging/systemd"));
+    shipped.push("packaging/cron/leasewrap.cron".into());
+    shipped.push("packaging/leasewrap.env".into());
+    shipped.extend(files_in("sql"));
+    shipped.extend(files_in("docs"));
+    shipped.push("README.md".into());
+    shipped
+}
+
 #[test]
-fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit() {
+fn debian_package_installs_files_that_exist_and_every_page_completion_unit_and_doc() {
     let assets = deb_assets();
     let sources: BTreeSet<&str> = assets.iter().map(|[s, _, _]| s.as_str()).collect();
     for [source, dest, mode] in &assets {
@@ -308,32 +328,7 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
         );
     }
     assert!(sources.contains("target/release/leasewrap"));
-    let mut shipped: Vec<String> = man::pages()
-        .into_iter()
-        .map(|(n, _)| format!("man/{n}"))
-        .collect();
-    shipped.extend(
-        completions()
-            .into_iter()
-            .map(|(n, _)| format!("packaging/completions/{n}")),
-    );
-    shipped.extend(files_in("packaging/systemd"));
-    shipped.push("packaging/cron/leasewrap.cron".into());
-    shipped.push("packaging/leasewrap.env".into());
-    shipped.extend(files_in("sql"));
-    shipped.extend(files_in("docs"));
-    shipped.push("README.md".into());
-    let rpm = rpm_sources();
-    for file in &shipped {
-        // The man pages as scripts/release.sh gzips them for it.
-        let source = match file.strip_prefix("man/") {
-            Some(page) => format!("target/release/man/{page}.gz"),
-            None => file.clone(),
-        };
-        assert!(rpm.contains(&source), "{file} is not in the RPM package");
-    }
-    assert!(rpm.contains("target/release/leasewrap"));
-    for file in &shipped {
+    for file in &shipped() {
         assert!(
             sources.contains(file.as_str()),
             "{file} is not in the package"
@@ -344,6 +339,23 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
         !toml.contains("systemd-units"),
         "units are installed, never enabled"
     );
+}
+
+#[test]
+fn rpm_package_installs_every_page_completion_unit_and_doc_the_debian_one_does() {
+    let rpm = rpm_sources();
+    for file in &shipped() {
+        // The man pages as scripts/release.sh gzips them for it.
+        let source = match file.strip_prefix("man/") {
+            Some(page) => format!("target/release/man/{page}.gz"),
+            None => file.clone(),
+        };
+        assert!(rpm.contains(&source), "{file} is not in the RPM package");
+    }
+    assert!(rpm.contains("target/release/leasewrap"));
+    for source in rpm.iter().filter(|s| !s.starts_with("target/")) {
+        assert!(root().join(source).is_file(), "{source} does not exist");
+    }
 }
 
 /// The `source` of each asset of `[package.metadata.generate-rpm]`.

@@ -176,8 +176,8 @@ fn long_version_from_build_script(dir: &Path, extra: &[(&str, &str)]) -> String 
     let out = ok(run_bounded(cmd, TOOL_BOUND), "the build script");
     let line = out
         .lines()
-        .find_map(|l| l.strip_prefix("cargo:rustc-env=LEASEWRAP_LONG_VERSION="));
-    line.expect("LEASEWRAP_LONG_VERSION").to_owned()
+        .find_map(|l| l.strip_prefix("cargo:rustc-env=LONG_VERSION="));
+    line.expect("LONG_VERSION").to_owned()
 }
 
 #[test]
