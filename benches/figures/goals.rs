@@ -161,7 +161,12 @@ pub const GOALS: &[Goal] = &[
         Count("packets a second"),
     ),
     zk("rss-zk", "median_mb", AtMost(8.0), Mb),
+    goal("paused-etcd", "stale_accepted", AtMost(0.0), Count(STALE)),
+    goal("paused-zk", "stale_accepted", AtMost(0.0), Count(STALE)),
 ];
+
+/// What the paused leader's goal counts (SPEC §11: a whole-host pause: stale writes refused).
+const STALE: &str = "stale writes accepted";
 
 impl Goal {
     /// `≤ 0.4 × etcdctl`, `< 0.1 % of a core`, `0 orphans` ...; then where it is set.

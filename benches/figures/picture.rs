@@ -5,14 +5,18 @@
 //! Pure drawing: what to draw comes in as data (seconds on one axis for every panel), an SVG
 //! document comes out; nothing here runs or measures.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// One panel: a case of the figure.
 pub struct Panel {
-    /// The report's line for the case, drawn as the panel's title, word for word.
-    pub caption: String,
+    /// The case's name, the panel's title.
+    pub title: String,
+    /// What the case showed, under the title: with it, `TITLE: FACTS` is the report's line for
+    /// the case, word for word.
+    pub facts: String,
     pub lanes: Vec<Lane>,
     /// Instants marked across the whole panel, with their labels (a takeover).
     pub marks: Vec<(f64, String)>,
@@ -23,6 +27,8 @@ pub struct Lane {
     pub name: String,
     pub spans: Vec<Span>,
     pub writes: Vec<Write>,
+    /// Written after the last span (how it ended).
+    pub end: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -56,8 +62,10 @@ pub struct Write {
 }
 
 const WIDTH: u32 = 980;
-const HEADER: u32 = 70;
-const PANEL: u32 = 150;
+const HEADER: u32 = 64;
+const PANEL: u32 = 160;
+/// The last panel's extra room, for the time axis's name.
+const AXIS: u32 = 24;
 const FONT: &str = "sans-serif";
 
 const RUNNING: RGBColor = RGBColor(70, 130, 180);
@@ -88,7 +96,7 @@ impl Verdict {
 /// `axis` names that axis. Returns the SVG document.
 pub fn timelines(title: &str, axis: &str, x: (f64, f64), panels: &[Panel]) -> String {
     let mut svg = String::new();
-    let height = HEADER + PANEL * panels.len() as u32;
+    let height = HEADER + PANEL * panels.len() as u32 + AXIS;
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         draw(&root, title, axis, x, panels).expect("draw into a string");
@@ -107,29 +115,32 @@ fn draw(
     panels: &[Panel],
 ) -> Drawn {
     root.fill(&WHITE)?;
-    let (header, body) = root.split_vertically(HEADER);
+    let (header, mut body) = root.split_vertically(HEADER);
     header.draw(&Text::new(
         title.to_owned(),
         (12, 8),
-        (FONT, 18).into_font().style(FontStyle::Bold),
+        (FONT, 19).into_font().style(FontStyle::Bold),
     ))?;
     legend(&header)?;
-    for (area, panel) in body.split_evenly((panels.len(), 1)).iter().zip(panels) {
-        draw_panel(area, axis, x, panel)?;
+    for (k, panel) in panels.iter().enumerate() {
+        let last = k + 1 == panels.len();
+        let (area, rest) = body.split_vertically(PANEL + if last { AXIS } else { 0 });
+        draw_panel(&area, last.then_some(axis), x, panel)?;
+        body = rest;
     }
     Ok(())
 }
 
 /// The key to the colours, along the header's bottom.
 fn legend(area: &DrawingArea<SVGBackend, Shift>) -> Drawn {
-    let small = (FONT, 13).into_font();
+    let small = (FONT, 15).into_font();
     let mut at = 12;
     let swatch =
         |at: i32, color: RGBColor| Rectangle::new([(at, 44), (at + 22, 56)], color.filled());
     for (color, what) in [(RUNNING, "running"), (PAUSED, "paused (SIGSTOP)")] {
         area.draw(&swatch(at, color))?;
         area.draw(&Text::new(what, (at + 28, 43), small.clone()))?;
-        at += 40 + 8 * what.len() as i32;
+        at += 40 + 7 * what.len() as i32;
     }
     for verdict in [
         Verdict::Accepted,
@@ -138,7 +149,7 @@ fn legend(area: &DrawingArea<SVGBackend, Shift>) -> Drawn {
     ] {
         area.draw(&marker(verdict, (at + 6, 50)))?;
         area.draw(&Text::new(verdict.legend(), (at + 18, 43), small.clone()))?;
-        at += 30 + 8 * verdict.legend().len() as i32;
+        at += 30 + 7 * verdict.legend().len() as i32;
     }
     Ok(())
 }
@@ -146,18 +157,18 @@ fn legend(area: &DrawingArea<SVGBackend, Shift>) -> Drawn {
 /// A write's mark: a filled circle when accepted, a cross when refused.
 fn marker<'a, DB: DrawingBackend + 'a>(
     verdict: Verdict,
-    (x, y): (i32, i32),
+    at: (i32, i32),
 ) -> DynElement<'a, DB, (i32, i32)> {
     let color = verdict.color();
     match verdict {
         Verdict::StaleRefused => {
             let style = color.stroke_width(3);
-            (EmptyElement::at((x, y))
+            (EmptyElement::at(at)
                 + PathElement::new(vec![(-6, -6), (6, 6)], style)
                 + PathElement::new(vec![(-6, 6), (6, -6)], style))
             .into_dyn()
         }
-        _ => (EmptyElement::at((x, y))
+        _ => (EmptyElement::at(at)
             + Circle::new((0, 0), 6, color.filled())
             + Circle::new((0, 0), 6, BLACK.stroke_width(1)))
         .into_dyn(),
@@ -166,66 +177,91 @@ fn marker<'a, DB: DrawingBackend + 'a>(
 
 fn draw_panel(
     area: &DrawingArea<SVGBackend, Shift>,
-    axis: &str,
+    axis: Option<&str>,
     x: (f64, f64),
     panel: &Panel,
 ) -> Drawn {
+    let (head, plot) = area.split_vertically(44);
+    let bold = (FONT, 16).into_font().style(FontStyle::Bold);
+    head.draw(&Text::new(panel.title.clone(), (12, 6), bold))?;
+    head.draw(&Text::new(
+        panel.facts.clone(),
+        (12, 26),
+        (FONT, 14).into_font(),
+    ))?;
     let lanes = panel.lanes.len() as f64;
-    let mut chart = ChartBuilder::on(area)
-        .caption(&panel.caption, (FONT, 14))
-        .margin(8)
-        .margin_right(20)
-        .x_label_area_size(32)
-        .y_label_area_size(80)
-        .build_cartesian_2d(x.0..x.1, 0.0..lanes)
-        .map_err(plain)?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
+    let mut chart = ChartBuilder::on(&plot)
+        .margin_left(8)
+        .margin_right(24)
+        .x_label_area_size(22 + if axis.is_some() { AXIS } else { 0 })
+        .y_label_area_size(84)
+        .build_cartesian_2d(x.0..x.1, 0.0..lanes)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_mesh()
         .y_labels(0)
-        .x_desc(axis)
-        .x_label_formatter(&|s| format!("{s:.0}"))
-        .draw()
-        .map_err(plain)?;
+        .x_label_style((FONT, 13))
+        .x_label_formatter(&|s| {
+            if s.fract() == 0.0 {
+                format!("{s:.0}")
+            } else {
+                format!("{s:.1}")
+            }
+        });
+    if let Some(axis) = axis {
+        mesh.x_desc(axis).axis_desc_style((FONT, 14));
+    }
+    mesh.draw()?;
+    let base = plot.get_base_pixel();
     for (k, lane) in panel.lanes.iter().enumerate() {
         // The first lane on top.
         let y = lanes - 1.0 - k as f64;
-        let spans = lane.spans.iter().map(|s| {
-            let color = match s.state {
-                State::Running => RUNNING,
-                State::Paused => PAUSED,
-            };
-            Rectangle::new([(s.from, y + 0.25), (s.to, y + 0.75)], color.filled())
-        });
-        chart.draw_series(spans).map_err(plain)?;
-        let labels = lane.spans.iter().filter_map(|s| {
-            let text = s.label.clone()?;
-            let style =
-                TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Center));
-            Some(Text::new(text, ((s.from + s.to) / 2.0, y + 0.5), style))
-        });
-        chart.draw_series(labels).map_err(plain)?;
+        draw_lane(&mut chart, lane, y)?;
+        for w in &lane.writes {
+            let (px, py) = chart.backend_coord(&(w.at, y + 0.5));
+            plot.draw(&marker(w.verdict, (px - base.0, py - base.1)))?;
+        }
         let (px, py) = chart.backend_coord(&(x.0, y + 0.5));
         let style =
-            TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
-        area.draw(&Text::new(lane.name.clone(), (px - 8, py), style))?;
-        for w in &lane.writes {
-            let at = chart.backend_coord(&(w.at, y + 0.5));
-            area.draw(&marker(w.verdict, at))?;
-        }
+            TextStyle::from((FONT, 15).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
+        plot.draw(&Text::new(
+            lane.name.clone(),
+            (px - base.0 - 8, py - base.1),
+            style,
+        ))?;
     }
     for (at, label) in &panel.marks {
         let line = DashedLineSeries::new([(*at, 0.0), (*at, lanes)], 5, 4, BLACK.stroke_width(1));
-        chart.draw_series(line).map_err(plain)?;
-        let style = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
-        chart
-            .draw_series([Text::new(label.clone(), (*at, lanes), style)])
-            .map_err(plain)?;
+        chart.draw_series(line)?;
+        let style = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
+        let label = EmptyElement::at((*at, lanes)) + Text::new(label.clone(), (4, 1), style);
+        chart.draw_series([label])?;
     }
     Ok(())
 }
 
-/// The chart builder's error, as the drawing area's (both wrap the backend's).
-fn plain(e: DrawingAreaErrorKind<std::io::Error>) -> DrawingAreaErrorKind<std::io::Error> {
-    e
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One lane at height `y`: its spans (with their labels) and how it ended.
+fn draw_lane(chart: &mut Chart, lane: &Lane, y: f64) -> Drawn {
+    let spans = lane.spans.iter().map(|s| {
+        let color = match s.state {
+            State::Running => RUNNING,
+            State::Paused => PAUSED,
+        };
+        Rectangle::new([(s.from, y + 0.22), (s.to, y + 0.78)], color.filled())
+    });
+    chart.draw_series(spans)?;
+    let left = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    let labels = lane.spans.iter().filter_map(|s| {
+        let text = s.label.clone()?;
+        Some(EmptyElement::at((s.from, y + 0.5)) + Text::new(text, (5, 0), left.clone()))
+    });
+    chart.draw_series(labels)?;
+    let end = lane.spans.iter().map(|s| s.to).fold(f64::MIN, f64::max);
+    if let Some(text) = &lane.end {
+        let label =
+            EmptyElement::at((end, y + 0.5)) + Text::new(text.clone(), (10, 0), left.clone());
+        chart.draw_series([label])?;
+    }
+    Ok(())
 }

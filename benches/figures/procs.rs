@@ -267,6 +267,11 @@ pub fn state_of(pid: i32) -> Option<char> {
     proc_stat(pid).map(|p| p.state)
 }
 
+/// The parent of `pid`, None once it is gone.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    proc_stat(pid).map(|p| p.ppid)
+}
+
 /// Every process below `pid`, children of any of its threads included (a Go program starts
 /// its child from any thread).
 pub fn descendants(pid: i32) -> Vec<i32> {

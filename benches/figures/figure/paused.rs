@@ -26,7 +26,7 @@ use nix::unistd::{getpgid, Pid};
 use super::zookeeper::argv_zk;
 use crate::bench::{os, Bench, Lock, Tool, START_BOUND};
 use crate::picture::{self, Lane, Panel, Span, State, Verdict, Write};
-use crate::procs::{descendants, pids_running, state_of};
+use crate::procs::{descendants, parent_of, pids_running, state_of};
 use crate::report::{Figure, Row};
 use crate::support::zookeeper::Zk;
 
@@ -163,8 +163,8 @@ pub fn figure(bench: &mut Bench) -> Figure {
         ),
     ];
     let svg = picture::timelines(
-        "The paused leader: A holds the lease, A's whole process tree is paused past the TTL, \
-         B takes over and writes, A wakes and writes",
+        "The paused leader: A's whole tree is paused past the TTL, B takes over and writes, \
+         A wakes and writes",
         "seconds since A's whole tree was paused (SIGSTOP); TTL 2 s",
         axis(&cases),
         &cases.iter().map(Case::panel).collect::<Vec<_>>(),
@@ -274,12 +274,19 @@ fn wait(bench: &mut Bench, label: &'static str, bound: Duration, subject: Subjec
     got.unwrap_or_else(|| panic!("{}: no {label} within {bound:?}", subject.name()))
 }
 
-/// The one process running `binary`, once it shows in /proc.
+/// The one process running `binary` whose parent does not (the script's own forks run it too,
+/// until they exec `sleep`), once it shows in /proc.
 #[track_caller]
 fn one_pid(binary: &Path) -> i32 {
     let deadline = Instant::now() + START_BOUND;
     loop {
-        match pids_running(binary)[..] {
+        let all = pids_running(binary);
+        let first: Vec<i32> = all
+            .iter()
+            .copied()
+            .filter(|&p| parent_of(p).map_or(true, |pp| !all.contains(&pp)))
+            .collect();
+        match first[..] {
             [pid] => return pid,
             [] if Instant::now() < deadline => thread::yield_now(),
             ref many => panic!("{}: run by {many:?}", binary.display()),
@@ -411,8 +418,12 @@ impl Case {
         self.a_status == "0"
     }
 
-    /// The case in one line: the table's cell and the panel's caption, word for word.
+    /// The case in one line, the table's cell: its name, then what the picture writes under it.
     fn facts(&self) -> String {
+        format!("{}: {}", self.subject.name(), self.outcome())
+    }
+
+    fn outcome(&self) -> String {
         let write = match self.a_status.as_str() {
             "0" => "accepted".to_owned(),
             code => format!("refused ({code})"),
@@ -432,9 +443,8 @@ impl Case {
             None => "never killed (the harness ended the run)".to_owned(),
         };
         format!(
-            "{}: B's child started {:.2} s into the pause; A's stale write {write}, {kept}; \
-             A's child ran {} beside B's child, {end}",
-            self.subject.name(),
+            "B's child started {:.2} s into the pause; A's stale write {write}, {kept}; A's child \
+             ran {} beside B's child, {end}",
             self.b_started,
             span(ran)
         )
@@ -462,6 +472,14 @@ impl Case {
                     Verdict::StaleRefused
                 },
             }],
+            end: Some(
+                if self.a_died.is_some() {
+                    "killed"
+                } else {
+                    "never killed"
+                }
+                .into(),
+            ),
         };
         let b = Lane {
             name: "B's child".into(),
@@ -473,9 +491,11 @@ impl Case {
                 })
                 .into_iter()
                 .collect(),
+            end: None,
         };
         Panel {
-            caption: self.facts(),
+            title: self.subject.name().into(),
+            facts: self.outcome(),
             lanes: vec![a, b],
             marks: vec![(self.b_started, "B takes over".into())],
         }
@@ -495,7 +515,11 @@ fn running(from: f64, to: f64) -> Span {
 fn axis(cases: &[Case]) -> (f64, f64) {
     let from = cases.iter().map(|c| c.a_started).fold(0.0, f64::min);
     let to = cases.iter().map(|c| c.ended).fold(0.0, f64::max);
-    ((from - 0.25).floor(), (to + 0.25).ceil())
+    let half = |t: f64| t * 2.0;
+    (
+        half(from - 0.25).floor() / 2.0,
+        half(to + 0.25).ceil() / 2.0,
+    )
 }
 
 fn note(cases: &[Case], zk: &Zk) -> String {
