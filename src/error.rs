@@ -117,7 +117,10 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
         "the child was killed by signal n: leasewrap re-raises n on itself (core dumps off), so a shell sees 128+n",
     ),
     ("64", "bad usage: an option, duration, name or URL is wrong"),
-    ("69", "etcd was unreachable before the lease was acquired"),
+    (
+        "69",
+        "etcd or ZooKeeper was unreachable before the lease was acquired, or a wait (--wait) ran out while it was; on ZooKeeper also an ensemble that answers too slowly for the timing rule",
+    ),
     ("73", "fenced-write or fenced-put refused a stale fencing token"),
     (
         "75",
@@ -125,7 +128,7 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ),
     (
         "77",
-        "etcd refused the authentication or the TLS handshake failed (a certificate not accepted, or an https:// endpoint whose server does not speak TLS)",
+        "etcd or ZooKeeper refused the authentication or a permission, or the TLS handshake failed (a certificate not accepted, or an https:// endpoint or a ZooKeeper port that does not speak TLS)",
     ),
     (
         "78",

@@ -578,7 +578,8 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
            [ $i -lt 1000 ] || exit 3; sleep 0.01; i=$((i+1)); done\n\
          c=$(cat {child_pid}); wd=$({state_of} | cut -d' ' -f2)\n\
          : > {go}\n\
-         i=0; while [ \"$({state_of} | cut -c1)\" = S ] && [ $i -lt 1000 ]; do\n\
+         i=0; while case \"$({state_of} | cut -c1)\" in S|R|D) true;; *) false;; esac \
+           && [ $i -lt 1000 ]; do\n\
            sleep 0.01; i=$((i+1)); done\n\
          echo \"held=$({state_of}) watchdog=$wd\"\n\
          echo $((c - 1)) > /proc/sys/kernel/ns_last_pid\n\
