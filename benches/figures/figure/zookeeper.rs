@@ -48,12 +48,12 @@ fn settings(zk: &Zk) -> String {
         .find_map(|l| l.strip_prefix("Zookeeper version: "))
         .and_then(|v| v.split(['-', ',']).next())
         .unwrap_or("?");
+    // What a standalone server's `conf` shows of the timing (syncLimit and initLimit only
+    // matter, and show, in an ensemble).
     let keys = [
         "tickTime",
         "minSessionTimeout",
         "maxSessionTimeout",
-        "syncLimit",
-        "initLimit",
         "maxClientCnxns",
     ];
     let found: Vec<String> = keys
