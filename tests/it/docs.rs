@@ -10,6 +10,7 @@
 mod clients;
 mod examples;
 mod man;
+mod picture;
 mod readme;
 mod systemd;
 

@@ -571,6 +571,7 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
         ),
     );
     let state_of = "sed 's/.*) //' /proc/$c/stat 2>/dev/null | cut -d' ' -f1,2";
+    let kill = ["", "kill -9 $wd\n"][usize::from(kill_the_watchdog)];
     format!(
         "{bin} --local-dir {state} --name reuse --kill-after 3s -- {child} &\n\
          lw=$!\n\
@@ -599,11 +600,6 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
         child_pid = q(&sb.path("child.pid")),
         daemon_pid = q(&sb.path("daemon.pid")),
         go = q(&sb.path("go")),
-        kill = if kill_the_watchdog {
-            "kill -9 $wd\n"
-        } else {
-            ""
-        },
         uid = user.uid,
         gid = user.gid,
     )
