@@ -78,7 +78,7 @@ tarball() {
     install -m 644 packaging/systemd/* "$top/systemd/"
     install -m 644 packaging/cron/leasewrap.cron packaging/leasewrap.env "$top/"
     install -m 644 sql/*.sql "$top/sql/"
-    install -m 644 docs/*.md "$top/docs/"
+    install -m 644 docs/* "$top/docs/"
     install -m 644 README.md "$top/"
     (cd "$top" && find . -type f ! -name SHA256SUMS | LC_ALL=C sort | sed 's|^\./||' \
         | xargs sha256sum >SHA256SUMS)
