@@ -17,6 +17,9 @@ target_dir=${CARGO_TARGET_DIR:-target}
 out=${1:-$target_dir/dist}
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 name=leasewrap-$version-x86_64-linux-gnu
+# The packages' and the tarball's times: the commit's, so that one commit makes the same files.
+# Only for the packaging: a build script (ring's) that watches it would rebuild at each commit.
+epoch=$(git log -1 --format=%ct 2>/dev/null || date +%s)
 
 say() { echo "release: $*" >&2; }
 
@@ -53,7 +56,8 @@ build() {
 packages() {
     # Both from the binary just built: cargo-deb and cargo-generate-rpm read
     # target/release/leasewrap in Cargo.toml as target/$TRIPLE/release/leasewrap.
-    cargo deb --no-build --no-strip --target "$TRIPLE" --output "$out/" >/dev/null
+    SOURCE_DATE_EPOCH=$epoch cargo deb --no-build --no-strip --target "$TRIPLE" \
+        --output "$out/" >/dev/null
     # The man pages gzipped, as rpmbuild would, where the .rpm's assets name them.
     local man=$target_dir/$TRIPLE/release/man
     rm -rf "$man"
@@ -61,12 +65,12 @@ packages() {
     for page in man/*.1; do
         gzip -9n <"$page" >"$man/${page#man/}.gz"
     done
-    cargo generate-rpm --target "$TRIPLE" --payload-compress gzip --output "$out/"
+    SOURCE_DATE_EPOCH=$epoch cargo generate-rpm --target "$TRIPLE" --payload-compress gzip \
+        --output "$out/"
 }
 
 # The tarball: the binary, man pages, completions, units, the cron and environment examples,
-# the SQL, the docs, and SHA256SUMS of all of them; names, owners and times fixed, so that the
-# same commit makes the same bytes.
+# the SQL, the docs, and SHA256SUMS of all of them; names, owners and times fixed.
 tarball() {
     local stage
     stage=$(mktemp -d)
@@ -82,8 +86,6 @@ tarball() {
     install -m 644 README.md "$top/"
     (cd "$top" && find . -type f ! -name SHA256SUMS | LC_ALL=C sort | sed 's|^\./||' \
         | xargs sha256sum >SHA256SUMS)
-    local epoch
-    epoch=$(git log -1 --format=%ct 2>/dev/null || date +%s)
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
         -C "$stage" -cf - "$name" | gzip -9n >"$out/$name.tar.gz"
     rm -rf "$stage"
