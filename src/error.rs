@@ -63,6 +63,9 @@ pub enum Error {
     },
     #[error("the child of {name:?} ran past --max-runtime {after}; its whole tree was stopped")]
     TimedOut { name: String, after: String },
+    /// Names what the kernel lacks and the Linux release that has it (supervise::kernel).
+    #[error("{0}")]
+    Kernel(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -85,6 +88,7 @@ impl Error {
             Error::NotExecutable(_) => 126,
             Error::NotFound(_) => 127,
             Error::Interrupted(sig) => signal_status(*sig as i32),
+            Error::Kernel(_) => 71,
             Error::Internal(_) => 125,
         }
     }
@@ -117,7 +121,14 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
         "the child was killed by signal n: leasewrap re-raises n on itself (core dumps off), so a shell sees 128+n",
     ),
     ("64", "bad usage: an option, duration, name or URL is wrong"),
-    ("69", "etcd was unreachable before the lease was acquired"),
+    (
+        "69",
+        "etcd or ZooKeeper was unreachable before the lease was acquired, or a wait (--wait) ran out while it was; on ZooKeeper also an ensemble that answers too slowly for the timing rule",
+    ),
+    (
+        "71",
+        "the kernel lacks what leasewrap needs to stop the child's whole tree on time (pidfd_open, Linux 5.3; a CLOCK_BOOTTIME timerfd; PR_SET_CHILD_SUBREAPER): nothing was started",
+    ),
     ("73", "fenced-write or fenced-put refused a stale fencing token"),
     (
         "75",
@@ -125,7 +136,7 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ),
     (
         "77",
-        "etcd refused the authentication or the TLS handshake failed (a certificate not accepted, or an https:// endpoint whose server does not speak TLS)",
+        "etcd or ZooKeeper refused the authentication or a permission, or the TLS handshake failed (a certificate not accepted, or an https:// endpoint or a ZooKeeper port that does not speak TLS)",
     ),
     (
         "78",
@@ -171,7 +182,8 @@ mod tests {
             Error::Done { .. } => 11,
             Error::GaveUp { .. } => 12,
             Error::TimedOut { .. } => 13,
-            Error::Internal(_) => 14,
+            Error::Kernel(_) => 14,
+            Error::Internal(_) => 15,
         }
     }
 
@@ -212,6 +224,7 @@ mod tests {
                 name: "x".into(),
                 after: String::new(),
             },
+            Error::Kernel(String::new()),
             Error::Internal(String::new()),
         ]
     }
@@ -223,7 +236,7 @@ mod tests {
         let covered: Vec<usize> = all.iter().map(variant).collect();
         assert_eq!(
             covered,
-            (0..=14).collect::<Vec<_>>(),
+            (0..=15).collect::<Vec<_>>(),
             "one example of each variant"
         );
         for e in all {

@@ -32,6 +32,7 @@
 //! - `lease::zk::runs`, `lease::zk::status`, `lease::zk::fence`: its records, status, puts.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
+//! - `supervise::kernel`: what the kernel must have (pidfd_open, ...), tried before anything.
 //! - `supervise::oversight`: leasewrap's check that the watchdog is not stopped when it must act.
 //! - `supervise::protocol`: the fixed frames between leasewrap and the watchdog.
 //! - `supervise::spawn`: starting the child without copying the watchdog (a vfork-style clone).

@@ -3,10 +3,12 @@
 //! and ZooKeeper launchers and the fault proxy).
 //!
 //!     cargo bench                     every figure, printed (about 4 minutes, plus the builds)
-//!     cargo bench -- --write          the same, then rewrites BENCHMARKS.md
+//!     cargo bench -- --write          the same, then rewrites BENCHMARKS.md and the pictures
+//!                                     in docs/ (docs/paused-leader.svg)
 //!     cargo bench -- --quick          small sizes, for development (about 1 minute)
 //!     cargo bench -- --only 1,3       some figures
-//!     cargo bench -- --output FILE    any run's report, written to FILE in BENCHMARKS.md's form
+//!     cargo bench -- --output FILE    any run's report, written to FILE in BENCHMARKS.md's form,
+//!                                     its pictures beside FILE
 //!     cargo bench -- --wait-quiet 600 first wait up to 10 minutes for the CPUs to be idle
 //!
 //! `cargo test --all-targets` builds this target and runs it without `--bench`: it then measures
@@ -20,6 +22,7 @@
 //! - `figure`: one module per figure, each returning rows and notes (no printing).
 //! - `goals`: the goals table, written once, used to judge and to print.
 //! - `report`: the table on stdout and BENCHMARKS.md.
+//! - `picture`: the pictures a figure draws of its runs (SVG, plotters).
 //! - `stats`, `prom`: median, percentiles, ratios; etcd's /metrics as numbers.
 //! - `machine`: the machine and run facts of the report.
 
@@ -32,6 +35,7 @@ mod figure;
 mod goals;
 mod machine;
 mod observe;
+mod picture;
 mod procs;
 mod prom;
 mod report;
@@ -48,7 +52,7 @@ use report::Figure;
 type Measure = fn(&mut Bench) -> Figure;
 
 /// The figures by number, as `--only` names them.
-const FIGURES: [(u32, &str, Measure); 11] = [
+const FIGURES: [(u32, &str, Measure); 12] = [
     (1, "-- true on etcd", figure::true_etcd::figure),
     (
         2,
@@ -68,12 +72,15 @@ const FIGURES: [(u32, &str, Measure); 11] = [
     (9, "--once", figure::once::figure),
     (10, "the database fence", figure::fence_sql::figure),
     (11, "the ZooKeeper backend", figure::zookeeper::figure),
+    (12, "the paused leader", figure::paused::figure),
 ];
 
 struct Options {
     quick: bool,
     /// Where the report goes: BENCHMARKS.md with `--write`, any file with `--output`.
     output: Option<PathBuf>,
+    /// Where the pictures go: docs/ with `--write`, beside the `--output` file.
+    pictures: Option<PathBuf>,
     build: bool,
     only: Vec<u32>,
     /// How long to wait for a quiet machine before measuring.
@@ -100,6 +107,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut opts = Options {
         quick: false,
         output: None,
+        pictures: None,
         build: true,
         only: FIGURES.iter().map(|f| f.0).collect(),
         wait_quiet: Duration::ZERO,
@@ -109,8 +117,17 @@ fn parse(args: &[String]) -> Result<Options, String> {
         match arg.as_str() {
             "--bench" => {}
             "--quick" => opts.quick = true,
-            "--write" => opts.output = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
-            "--output" => opts.output = Some(it.next().ok_or("--output needs a file")?.into()),
+            "--write" => {
+                let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+                opts.output = Some(root.join("BENCHMARKS.md"));
+                opts.pictures = Some(root.join("docs"));
+            }
+            "--output" => {
+                let file = PathBuf::from(it.next().ok_or("--output needs a file")?);
+                let dir = file.parent().map_or_else(PathBuf::new, Path::to_path_buf);
+                opts.pictures = Some(if dir.as_os_str().is_empty() { ".".into() } else { dir });
+                opts.output = Some(file);
+            }
             "--no-build" => opts.build = false,
             "--wait-quiet" => {
                 let secs = it.next().ok_or("--wait-quiet needs seconds")?;
@@ -180,6 +197,11 @@ fn run(opts: &Options) -> ExitCode {
             &report::markdown(&figures, &machine, command.trim_end()),
         );
         println!("wrote {}", path.display());
+    }
+    if let Some(dir) = &opts.pictures {
+        for path in report::write_pictures(&figures, dir) {
+            println!("wrote {}", path.display());
+        }
     }
     ExitCode::SUCCESS
 }

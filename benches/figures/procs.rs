@@ -262,6 +262,37 @@ fn proc_stat(pid: i32) -> Option<ProcStat> {
     })
 }
 
+/// The state letter of `pid` (`R`, `S`, `T` for stopped, `Z`...), None once it is gone.
+pub fn state_of(pid: i32) -> Option<char> {
+    proc_stat(pid).map(|p| p.state)
+}
+
+/// The parent of `pid`, None once it is gone.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    proc_stat(pid).map(|p| p.ppid)
+}
+
+/// Every process below `pid`, children of any of its threads included (a Go program starts
+/// its child from any thread).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let tasks = fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten()
+            .flatten();
+        for task in tasks {
+            let text = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in text.split_whitespace().filter_map(|c| c.parse().ok()) {
+                out.push(child);
+                next.push(child);
+            }
+        }
+    }
+    out
+}
+
 /// Pids whose /proc/PID/exe is `binary`.
 pub fn pids_running(binary: &Path) -> Vec<i32> {
     let Ok(dir) = fs::read_dir("/proc") else {

@@ -92,6 +92,8 @@ pub struct Figure {
     pub rows: Vec<Row>,
     /// Lines of "Notes on the figures": how it was measured, the parts of a number.
     pub notes: Vec<String>,
+    /// Pictures drawn from the run: a file name (docs/NAME with `--write`) and its SVG.
+    pub pictures: Vec<(&'static str, String)>,
 }
 
 /// Every goal that was not met, as `row: goal` lines.
@@ -178,6 +180,18 @@ pub fn markdown(figures: &[Figure], machine: &Machine, command: &str) -> String 
     out.extend(machine.lines().into_iter().map(|l| format!("- {l}")));
     out.push(String::new());
     out.join("\n")
+}
+
+/// Writes every figure's pictures into `dir`; returns the paths written.
+pub fn write_pictures(figures: &[Figure], dir: &Path) -> Vec<std::path::PathBuf> {
+    let pictures = figures.iter().flat_map(|f| &f.pictures);
+    pictures
+        .map(|(name, svg)| {
+            let path = dir.join(name);
+            fs::write(&path, svg).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            path
+        })
+        .collect()
 }
 
 /// Rewrites `path` with `generated`, keeping the hand-written part after the marker.

@@ -35,7 +35,7 @@ _leasewrap() {
 
     case "${cmd}" in
         leasewrap)
-            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
+            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -149,6 +149,10 @@ _leasewrap() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --zk-auth)
+                    COMPREPLY=($(compgen -W "digest sasl" -- "${cur}"))
+                    return 0
+                    ;;
                 --dial-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -183,7 +187,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__fenced__subcmd__put)
-            opts="-q -v -h --token --lock-key --zookeeper --prefix --cacert --cert --key --user --password-file --dial-timeout --log-format --quiet --verbose --endpoints --help"
+            opts="-q -v -h --token --lock-key --zookeeper --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --log-format --quiet --verbose --endpoints --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -223,6 +227,10 @@ _leasewrap() {
                     ;;
                 --password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zk-auth)
+                    COMPREPLY=($(compgen -W "digest sasl" -- "${cur}"))
                     return 0
                     ;;
                 --dial-timeout)
@@ -267,7 +275,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__status)
-            opts="-q -v -h --name --json --once --once-per --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --dial-timeout --local-dir --log-format --quiet --verbose --help"
+            opts="-q -v -h --name --json --once --once-per --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --local-dir --log-format --quiet --verbose --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -315,6 +323,10 @@ _leasewrap() {
                     ;;
                 --password-file)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zk-auth)
+                    COMPREPLY=($(compgen -W "digest sasl" -- "${cur}"))
                     return 0
                     ;;
                 --dial-timeout)

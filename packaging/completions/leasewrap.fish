@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leasewrap_global_optspecs
-    string join \n name= c= ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= s/signal= margin= drift= lost-exit-code= max-runtime= once= once-per= keep= max-attempts= metrics-file= endpoints= zookeeper= prefix= cacert= cert= key= user= password-file= dial-timeout= local-dir= log-format= q/quiet v/verbose h/help V/version
+    string join \n name= c= ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= s/signal= margin= drift= lost-exit-code= max-runtime= once= once-per= keep= max-attempts= metrics-file= endpoints= zookeeper= prefix= cacert= cert= key= user= password-file= zk-auth= dial-timeout= local-dir= log-format= q/quiet v/verbose h/help V/version
 end
 
 function __fish_leasewrap_needs_command
@@ -43,11 +43,13 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l metrics-file -d 'Af
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l zookeeper -d 'ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cacert -d 'CA bundle to verify etcd\'s certificate, or ZooKeeper\'s on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cert -d 'Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l key -d 'Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]' -r -F
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l user -d 'etcd or ZooKeeper user, or USER:PASSWORD as etcdctl takes it; on ZooKeeper the identity that owns what leasewrap creates [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l zk-auth -d 'How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers\' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]' -r -f -a "digest\t''
+sasl\t''"
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
@@ -67,11 +69,13 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once-per 
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l zookeeper -d 'ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d 'CA bundle to verify etcd\'s certificate, or ZooKeeper\'s on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cert -d 'Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l key -d 'Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]' -r -F
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l user -d 'etcd or ZooKeeper user, or USER:PASSWORD as etcdctl takes it; on ZooKeeper the identity that owns what leasewrap creates [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l zk-auth -d 'How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers\' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]' -r -f -a "digest\t''
+sasl\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
@@ -90,11 +94,13 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l token
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l lock-key -d 'The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l zookeeper -d 'ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cacert -d 'CA bundle to verify etcd\'s certificate [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cert -d 'Client certificate for TLS [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cacert -d 'CA bundle to verify etcd\'s certificate, or ZooKeeper\'s on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cert -d 'Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l key -d 'Client key for TLS [env: LEASEWRAP_KEY_FILE, ETCDCTL_KEY]' -r -F
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l user -d 'etcd user, or USER:PASSWORD as etcdctl takes it [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l user -d 'etcd or ZooKeeper user, or USER:PASSWORD as etcdctl takes it; on ZooKeeper the identity that owns what leasewrap creates [env: LEASEWRAP_USER, ETCDCTL_USER]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l zk-auth -d 'How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers\' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]' -r -f -a "digest\t''
+sasl\t''"
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"

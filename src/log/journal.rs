@@ -174,13 +174,8 @@ fn send(socket: &UnixDatagram, entry: &[u8]) -> std::io::Result<()> {
 
 fn send_memfd(socket: &UnixDatagram, entry: &[u8]) -> std::io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-    use nix::sys::memfd::{memfd_create, MFdFlags};
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    let fd = memfd_create(
-        c"leasewrap-journal",
-        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-    )?;
-    let mut file = std::fs::File::from(fd);
+    let mut file = std::fs::File::from(memfd(c"leasewrap-journal")?);
     file.write_all(entry)?;
     let seals = SealFlag::F_SEAL_SHRINK
         | SealFlag::F_SEAL_GROW
@@ -191,6 +186,21 @@ fn send_memfd(socket: &UnixDatagram, entry: &[u8]) -> std::io::Result<()> {
     let rights = [ControlMessage::ScmRights(&fds)];
     sendmsg::<()>(socket.as_raw_fd(), &[], &rights, MsgFlags::empty(), None)?;
     Ok(())
+}
+
+/// A sealable memfd, by the system call itself (Linux 3.17): glibc's wrapper came only with
+/// 2.27, and the portable binary is linked against an older glibc (README, "Install").
+fn memfd(name: &std::ffi::CStr) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: memfd_create takes a NUL-terminated name and flags, and returns a new
+    // descriptor or -1; the name outlives the call.
+    let fd = unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

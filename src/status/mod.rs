@@ -26,8 +26,11 @@ pub const EXIT_STATUS_TABLE: &[(&str, &str)] = &[
     ),
     ("1", "NAME is free; with --once KEY (or --once-per DUR), KEY is not done"),
     ("64", "bad usage: a lease name, option, duration or URL is wrong"),
-    ("69", "etcd is unreachable"),
-    ("77", "etcd refused the authentication, or the TLS handshake failed"),
+    ("69", "etcd or ZooKeeper is unreachable"),
+    (
+        "77",
+        "etcd or ZooKeeper refused the authentication, or the TLS handshake failed; on ZooKeeper also a lease whose nodes this identity may not read (the listing is printed whole first, with a row saying so)",
+    ),
     (
         "78",
         "bad configuration: a certificate, password file or the local directory is unreadable; or a lock file, a run record or a folder of them was refused (a link, a FIFO, damaged): the listing is printed whole, with a row saying why, and then status exits 78",

@@ -5,6 +5,7 @@
 //! leaves behind come to leasewrap, which kills them before it exits; and it looks in on the
 //! watchdog whenever the watchdog must act, standing in for one that is stopped ([`oversight`]).
 
+pub mod kernel;
 pub mod oversight;
 pub mod protocol;
 pub mod spawn;
@@ -215,6 +216,7 @@ impl Supervisor {
     /// lease is taken, so that the fork overlaps nothing the child waits for, and before the
     /// tokio runtime or any other thread exists (see [`watchdog::fork`]).
     pub fn fork(spec: ChildSpec<'_>) -> Result<Forked, Error> {
+        kernel::check()?;
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| Error::internal("becoming a subreaper", e))?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()

@@ -11,7 +11,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpid, Pid};
 
@@ -82,11 +82,8 @@ fn signal_descendant(pid: Pid, parent: Pid, sig: Signal) {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
     if fd < 0 {
-        if Errno::last() == Errno::ENOSYS {
-            // A kernel before 5.3: the plain kill, with the race this function exists to close.
-            let _ = kill(pid, sig);
-        }
-        // ESRCH is normal: it is gone already.
+        // ESRCH is normal: it is gone already. A kernel without pidfd_open was refused before
+        // anything started (supervise::kernel).
         return;
     }
     // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.

@@ -1,7 +1,8 @@
 //! The generated and packaged files stay true to the code: the man pages and shell completions
 //! are regenerated from the clap definitions and compared with the committed ones, the systemd
-//! units pass `systemd-analyze verify`, and the Debian package lists files that exist and passes
-//! lintian. `examples` runs every shell example of the README, docs/ and the man pages.
+//! units pass `systemd-analyze verify`, and both packages list files that exist, every user doc
+//! among them (tests/it/release.rs builds them and runs lintian and rpmlint). `examples` runs
+//! every shell example of the README, docs/ and the man pages.
 //!
 //! A stale generated file fails its test;
 //! `LEASEWRAP_BLESS=1 cargo test --test integration docs::` rewrites it.
@@ -9,6 +10,7 @@
 mod clients;
 mod examples;
 mod man;
+mod picture;
 mod readme;
 mod systemd;
 
@@ -16,12 +18,9 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
-
-use crate::support::{run_bounded, BIN};
 
 const BLESS: &str = "LEASEWRAP_BLESS";
 
@@ -292,8 +291,28 @@ fn deb_assets() -> Vec<[String; 3]> {
         .collect()
 }
 
+/// What both packages must ship: every man page, completion, unit, SQL file and user doc.
+fn shipped() -> Vec<String> {
+    let mut shipped: Vec<String> = man::pages()
+        .into_iter()
+        .map(|(n, _)| format!("man/{n}"))
+        .collect();
+    shipped.extend(
+        completions()
+            .into_iter()
+            .map(|(n, _)| format!("packaging/completions/{n}")),
+    );
+    shipped.extend(files_in("packaging/systemd"));
+    shipped.push("packaging/cron/leasewrap.cron".into());
+    shipped.push("packaging/leasewrap.env".into());
+    shipped.extend(files_in("sql"));
+    shipped.extend(files_in("docs"));
+    shipped.push("README.md".into());
+    shipped
+}
+
 #[test]
-fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit() {
+fn debian_package_installs_files_that_exist_and_every_page_completion_unit_and_doc() {
     let assets = deb_assets();
     let sources: BTreeSet<&str> = assets.iter().map(|[s, _, _]| s.as_str()).collect();
     for [source, dest, mode] in &assets {
@@ -310,20 +329,7 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
         );
     }
     assert!(sources.contains("target/release/leasewrap"));
-    let mut shipped: Vec<String> = man::pages()
-        .into_iter()
-        .map(|(n, _)| format!("man/{n}"))
-        .collect();
-    shipped.extend(
-        completions()
-            .into_iter()
-            .map(|(n, _)| format!("packaging/completions/{n}")),
-    );
-    shipped.extend(files_in("packaging/systemd"));
-    shipped.push("packaging/cron/leasewrap.cron".into());
-    shipped.push("packaging/leasewrap.env".into());
-    shipped.extend(files_in("sql"));
-    for file in &shipped {
+    for file in &shipped() {
         assert!(
             sources.contains(file.as_str()),
             "{file} is not in the package"
@@ -336,60 +342,42 @@ fn debian_package_installs_files_that_exist_and_every_page_completion_and_unit()
     );
 }
 
+#[test]
+fn rpm_package_installs_every_page_completion_unit_and_doc_the_debian_one_does() {
+    let rpm = rpm_sources();
+    for file in &shipped() {
+        // The man pages as scripts/release.sh gzips them for it.
+        let source = match file.strip_prefix("man/") {
+            Some(page) => format!("target/release/man/{page}.gz"),
+            None => file.clone(),
+        };
+        assert!(rpm.contains(&source), "{file} is not in the RPM package");
+    }
+    assert!(rpm.contains("target/release/leasewrap"));
+    for source in rpm.iter().filter(|s| !s.starts_with("target/")) {
+        assert!(root().join(source).is_file(), "{source} does not exist");
+    }
+}
+
+/// The `source` of each asset of `[package.metadata.generate-rpm]`.
+fn rpm_sources() -> BTreeSet<String> {
+    let toml = fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let rpm = toml
+        .split("[package.metadata.generate-rpm]")
+        .nth(1)
+        .expect("Cargo.toml has [package.metadata.generate-rpm]");
+    let assets = &rpm[..rpm.find("\n]").expect("end of the rpm assets")];
+    let sources = assets.lines().filter_map(|l| l.split("source = \"").nth(1));
+    sources
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The files of the repository's `dir`, as `dir/name`.
 fn files_in(dir: &str) -> Vec<String> {
     let entries = fs::read_dir(root().join(dir)).unwrap().flatten();
     entries
         .map(|e| format!("{dir}/{}", e.file_name().to_string_lossy()))
         .collect()
-}
-
-/// Whether `tool --version` runs; the message names what to install when it does not.
-#[track_caller]
-fn require_tool(tool: &[&str], install: &str) {
-    let ran = Command::new(tool[0])
-        .args(&tool[1..])
-        .arg("--version")
-        .output();
-    assert!(
-        ran.is_ok_and(|out| out.status.success()),
-        "`{}` is missing: {install} (scripts/test.sh does)",
-        tool.join(" ")
-    );
-}
-
-#[test]
-fn debian_package_built_by_cargo_deb_is_lintian_clean() {
-    require_tool(&["cargo", "deb"], "cargo install cargo-deb --locked");
-    require_tool(&["lintian"], "apt-get install lintian");
-    // The binary under test, where `cargo deb --no-build` looks for a release build, so that the
-    // test builds nothing (and needs no lock on this build's target directory).
-    let target = tempfile::tempdir().unwrap();
-    fs::create_dir(target.path().join("release")).unwrap();
-    fs::copy(BIN, target.path().join("release/leasewrap")).unwrap();
-    let deb = target.path().join("leasewrap.deb");
-    let mut build = Command::new("cargo");
-    build
-        .args(["deb", "--no-build", "--strip", "--fast", "-o"])
-        .arg(&deb)
-        .env("CARGO_TARGET_DIR", target.path())
-        .current_dir(root());
-    let built = run_bounded(build, Duration::from_secs(120));
-    assert!(built.status.success(), "cargo deb: {}", built.stderr);
-
-    let mut lintian = Command::new("lintian");
-    lintian.args(["--fail-on", "warning"]).arg(&deb);
-    let checked = run_bounded(lintian, Duration::from_secs(120));
-    let tags: Vec<&str> = checked
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("E:") || l.starts_with("W:"))
-        .collect();
-    assert!(
-        checked.status.success() && tags.is_empty(),
-        "lintian ({}):\n{}{}",
-        checked.status,
-        checked.stdout,
-        checked.stderr
-    );
 }

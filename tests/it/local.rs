@@ -571,6 +571,7 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
         ),
     );
     let state_of = "sed 's/.*) //' /proc/$c/stat 2>/dev/null | cut -d' ' -f1,2";
+    let kill = ["", "kill -9 $wd\n"][usize::from(kill_the_watchdog)];
     format!(
         "{bin} --local-dir {state} --name reuse --kill-after 3s -- {child} &\n\
          lw=$!\n\
@@ -578,7 +579,8 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
            [ $i -lt 1000 ] || exit 3; sleep 0.01; i=$((i+1)); done\n\
          c=$(cat {child_pid}); wd=$({state_of} | cut -d' ' -f2)\n\
          : > {go}\n\
-         i=0; while [ \"$({state_of} | cut -c1)\" = S ] && [ $i -lt 1000 ]; do\n\
+         i=0; while case \"$({state_of} | cut -c1)\" in S|R|D) true;; *) false;; esac \
+           && [ $i -lt 1000 ]; do\n\
            sleep 0.01; i=$((i+1)); done\n\
          echo \"held=$({state_of}) watchdog=$wd\"\n\
          echo $((c - 1)) > /proc/sys/kernel/ns_last_pid\n\
@@ -598,11 +600,6 @@ fn pid_attack_script(sb: &Sandbox, kill_the_watchdog: bool) -> String {
         child_pid = q(&sb.path("child.pid")),
         daemon_pid = q(&sb.path("daemon.pid")),
         go = q(&sb.path("go")),
-        kill = if kill_the_watchdog {
-            "kill -9 $wd\n"
-        } else {
-            ""
-        },
         uid = user.uid,
         gid = user.gid,
     )

@@ -8,12 +8,15 @@
 //! - `etcd`: the etcd backend against real etcd 3.4 and 3.5 (SPEC §4, §5, §9).
 //! - `fence`: fenced-write and fenced-put (SPEC §7).
 //! - `harness`: the harness itself (etcd servers, TLS, auth, cluster, proxy).
+//! - `kernel`: an older kernel (a seccomp filter) is refused before anything is taken: 71.
 //! - `local`: the local backend (flock + token file).
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
 //! - `dbfence`: the database fence's scenarios, the same on every server (SPEC §9 F16).
 //! - `postgres`, `mariadb`: the database fence against a real PostgreSQL 15 and MariaDB 10.11
 //!   (SPEC §7, §9 F16), their other roles and users included.
+//! - `release`: `scripts/release.sh`'s portable binary (its glibc floor), the .deb and the
+//!   .rpm (the same files; lintian, rpmlint; installed into an empty root), the tarball, SHA256SUMS.
 //! - `security`: hostile state directories, fence files, temp names and lease names.
 //! - `shape`: the code's own shape (no function in src/ over 50 lines).
 //! - `usage`: a new user's mistakes on the command line: one line saying what to type, 64.
@@ -39,11 +42,13 @@ mod docs;
 mod etcd;
 mod fence;
 mod harness;
+mod kernel;
 mod local;
 mod mariadb;
 mod once;
 mod operating;
 mod postgres;
+mod release;
 mod secrets;
 mod security;
 mod shape;

@@ -6,12 +6,15 @@
 //! what it was waiting for once its bound runs out.
 
 pub mod dbserver;
+pub mod elf;
 pub mod etcd;
 mod job;
 pub mod mariadb;
 pub mod neighbour;
 pub mod postgres;
 pub mod proxy;
+pub mod release;
+pub mod seccomp;
 pub mod stallfs;
 mod tree;
 pub mod user;
@@ -188,6 +191,8 @@ pub struct Leasewrap {
     own_group: bool,
     /// Start it with these signals ignored, as `nohup` or a shell's background job does.
     ignored: Vec<Signal>,
+    /// Run it as on a kernel that lacks these system calls (a seccomp filter).
+    missing: Vec<seccomp::Missing>,
 }
 
 impl Default for Leasewrap {
@@ -209,6 +214,7 @@ impl Leasewrap {
             own_group: false,
             user: None,
             ignored: Vec::new(),
+            missing: Vec::new(),
         }
     }
 
@@ -289,6 +295,12 @@ impl Leasewrap {
         self
     }
 
+    /// Runs leasewrap as on an older kernel that lacks `missing` (tests/support/seccomp.rs).
+    pub fn on_a_kernel_without(mut self, missing: &[seccomp::Missing]) -> Self {
+        self.missing.extend_from_slice(missing);
+        self
+    }
+
     /// Feeds `input` on stdin, then EOF (a run that exits before reading it all is fine).
     pub fn stdin(mut self, input: impl Into<Vec<u8>>) -> Self {
         self.input = Input::Bytes(input.into());
@@ -321,6 +333,9 @@ impl Leasewrap {
             command.uid(user.uid).gid(user.gid);
         }
         ignore_in_child(&mut command, self.ignored.clone());
+        if !self.missing.is_empty() {
+            seccomp::without(&mut command, &self.missing);
+        }
         let mut running = Running::start(command, !matches!(self.input, Input::Null));
         running._local_dir = owned_dir;
         if let Input::Bytes(bytes) = self.input {
@@ -396,6 +411,31 @@ fn output_within(mut running: Running, bound: Duration) -> Output {
         stdout: running.stdout(),
         stderr: running.stderr(),
         elapsed: started.elapsed(),
+    }
+}
+
+/// `command` gets no variable that cargo sets for a test (CARGO_PKG_NAME, CARGO_MANIFEST_DIR,
+/// OUT_DIR, ...): build scripts (ring's, cc's) watch them, so a build started with them would
+/// redo what a build from the shell made.
+pub fn without_cargo_env(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        let set_by_cargo = (k.starts_with("CARGO_") && k != "CARGO_HOME") || k == "CARGO";
+        if set_by_cargo || k == "OUT_DIR" {
+            command.env_remove(&key);
+        }
+    }
+}
+
+/// `command` runs niced, so that a build it makes slows the tests that measure time less.
+pub fn niced(command: &mut Command) {
+    // SAFETY: between fork and exec the closure calls nice(2) alone, which is async-signal-safe
+    // and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            libc::nice(10);
+            Ok(())
+        });
     }
 }
 

@@ -64,6 +64,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![pg_row, maria_row],
         notes: vec![FENCE_NOTE.into()],
+        ..Figure::default()
     }
 }
 

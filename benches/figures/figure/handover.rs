@@ -80,6 +80,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![exec_row, write_row],
         notes: vec![how(lw, ec, bench.sizes.n)],
+        ..Figure::default()
     }
 }
 

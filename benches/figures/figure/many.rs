@@ -83,6 +83,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![row, renewal_row],
         notes: vec![how, renewal_note],
+        ..Figure::default()
     }
 }
 

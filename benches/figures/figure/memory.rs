@@ -75,6 +75,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![rss.set("median_mb", median_mb), pss],
         notes: vec![note(lw, local)],
+        ..Figure::default()
     }
 }
 

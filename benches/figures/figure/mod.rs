@@ -6,6 +6,7 @@ pub mod many;
 pub mod memory;
 pub mod once;
 pub mod overlap;
+pub mod paused;
 pub mod takeover;
 pub mod true_etcd;
 pub mod true_local;

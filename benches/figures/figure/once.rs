@@ -31,6 +31,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
         return Figure {
             rows: vec![row],
             notes: Vec::new(),
+            ..Figure::default()
         };
     }
     let dir = bench.local_dir("once-local");
@@ -41,6 +42,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows,
         notes: vec![ONCE_NOTE.into()],
+        ..Figure::default()
     }
 }
 

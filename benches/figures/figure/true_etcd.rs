@@ -35,6 +35,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![row],
         notes: vec![floor, asked],
+        ..Figure::default()
     }
 }
 

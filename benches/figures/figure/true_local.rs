@@ -56,6 +56,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![row],
         notes: vec![fsync, split],
+        ..Figure::default()
     }
 }
 

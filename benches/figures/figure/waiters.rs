@@ -66,6 +66,7 @@ pub fn figure(bench: &mut Bench) -> Figure {
     Figure {
         rows: vec![row],
         notes: vec![counters(&s, &b, small, big)],
+        ..Figure::default()
     }
 }
 

@@ -1,7 +1,7 @@
-//! Figure 11: the ZooKeeper backend next to etcd's figures (issue 17), on a standalone
-//! ZooKeeper 3.8 of the tests' harness (tickTime 200 ms):
+//! Figure 11: the ZooKeeper backend next to etcd's figures (issues 17 and 25), on a standalone
+//! ZooKeeper 3.8 of the tests' harness (its settings, read back with `conf`, go in the notes):
 //! - `-- true` uncontended, leasewrap on ZooKeeper against leasewrap on etcd, interleaved;
-//! - the handover, exec to exit, as figure 3 measures it;
+//! - the handover, exec to exit, as figure 3 measures it, on ZooKeeper and on etcd, interleaved;
 //! - what holding asks of ZooKeeper: packets and transactions per second of one holder;
 //! - peak RSS (VmHWM) of leasewrap + watchdog while the child runs, read after a renewal.
 
@@ -28,18 +28,57 @@ const LOOK: Duration = Duration::from_millis(5);
 pub fn figure(bench: &mut Bench) -> Figure {
     let zk = Zk::start();
     bench.procs.spare(zk.pid().expect("ZooKeeper runs") as i32);
+    let settings = settings(&zk);
     let true_row = true_row(bench, &zk);
     let handover = handover_row(bench, &zk);
-    let (rss_row, cost) = rss_and_cost(bench, &zk);
+    let (rss_row, packets_row, cost) = rss_and_cost(bench, &zk);
     Figure {
-        rows: vec![true_row, handover, rss_row],
-        notes: vec![cost],
+        rows: vec![true_row, handover, packets_row, rss_row],
+        notes: vec![settings, cost],
+        ..Figure::default()
     }
+}
+
+/// The server every row of the figure was measured against, as it reports itself.
+fn settings(zk: &Zk) -> String {
+    let conf = zk.four_letter("conf").expect("conf answers");
+    let srvr = zk.srvr().expect("srvr answers");
+    let version = srvr
+        .lines()
+        .find_map(|l| l.strip_prefix("Zookeeper version: "))
+        .and_then(|v| v.split(['-', ',']).next())
+        .unwrap_or("?");
+    // What a standalone server's `conf` shows of the timing (syncLimit and initLimit only
+    // matter, and show, in an ensemble).
+    let keys = [
+        "tickTime",
+        "minSessionTimeout",
+        "maxSessionTimeout",
+        "maxClientCnxns",
+    ];
+    let found: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            let value = conf
+                .lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='));
+            format!("{k}={}", value.map_or("?", str::trim))
+        })
+        .collect();
+    format!(
+        "Figure 11's server: a standalone ZooKeeper {version} of the tests' harness \
+         (tests/support/zookeeper.rs) on loopback, `conf`: {}; one JVM (-Xmx256m, serial GC), its \
+         data dir on the same disk as the bench's temp dir, forceSync not set (ZooKeeper's \
+         default: on). Every row of \
+         the figure is against this one server, leasewrap on etcd against the etcd of figure 1, \
+         interleaved in the same run.",
+        found.join(", ")
+    )
 }
 
 /// leasewrap's command line for `lock` on the ZooKeeper at `zk`: figure 1's, with
 /// `--zookeeper CONNECT` instead of `--endpoints ENDPOINT`.
-fn argv_zk(bench: &Bench, zk: &Zk, lock: &Lock, child: &[OsString]) -> Vec<OsString> {
+pub fn argv_zk(bench: &Bench, zk: &Zk, lock: &Lock, child: &[OsString]) -> Vec<OsString> {
     let mut argv = bench.argv(Tool::Leasewrap, lock, child);
     argv.splice(1..3, os(&["--zookeeper".to_owned(), zk.connect()]));
     argv
@@ -65,48 +104,58 @@ fn true_row(bench: &mut Bench, zk: &Zk) -> Row {
     }
 }
 
-/// Figure 3's exec-to-exit handover on ZooKeeper: the holder's child (`cat FIFO`) exits, the
-/// waiter's child (`echo`) execs.
+/// Figure 3's exec-to-exit handover on ZooKeeper, and on etcd interleaved with it: the
+/// holder's child (`cat FIFO`) exits, the waiter's child (`echo`) execs.
 fn handover_row(bench: &mut Bench, zk: &Zk) -> Row {
-    let gaps: Vec<f64> = (0..bench.sizes.n)
-        .map(|i| handover_once(bench, zk, &format!("zk-ho{i}")))
-        .collect();
+    let mut gaps: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..bench.sizes.n {
+        let mut order = [Some(zk), None];
+        if i % 2 == 1 {
+            order.reverse();
+        }
+        for on in order {
+            let gap = handover_once(bench, on, &format!("zk-ho{i}"));
+            gaps[usize::from(on.is_none())].push(gap);
+        }
+    }
+    let [on_zk, on_etcd] = &gaps;
     Row {
-        leasewrap: dist(&gaps, "ms", 2),
+        leasewrap: dist(on_zk, "ms", 2),
+        baseline: format!("leasewrap on etcd: {}", dist(on_etcd, "ms", 2)),
         ..Row::new(
             "handover-zk",
             "11. handover on ZooKeeper: holder's child exits → waiter's child execs",
         )
-        .set("median_ms", median(&gaps))
+        .with_ratio(ratio(median(on_zk), median(on_etcd)))
+        .set("median_ms", median(on_zk))
     }
 }
 
-fn handover_once(bench: &mut Bench, zk: &Zk, name: &str) -> f64 {
+/// One handover on the ZooKeeper `zk`, or on etcd when None; its exec-to-exit gap in ms.
+fn handover_once(bench: &mut Bench, zk: Option<&Zk>, name: &str) -> f64 {
     let fifo = Fifo::new(bench.path(&format!("fifo-{name}")));
     bench.events.reset();
     let lock = Lock::new(name);
+    let argv = |bench: &Bench, child: &[OsString]| match zk {
+        Some(zk) => argv_zk(bench, zk, &lock, child),
+        None => bench.argv(Tool::Leasewrap, &lock, child),
+    };
     let hold = os(&[bench.child(Child::Hold).as_os_str(), fifo.0.as_os_str()]);
-    let holder = bench
-        .procs
-        .spawn(&argv_zk(bench, zk, &lock, &hold), "zk-handover", None);
+    let holder = bench.procs.spawn(&argv(bench, &hold), "zk-handover", None);
     let (_, child) = bench.started(Child::Hold, &[holder]);
-    let watches = zookeeper::total_watches(zk.port()).expect("wchs answers");
+    let watches = zk.map(|zk| zookeeper::total_watches(zk.port()).expect("wchs answers"));
     let next = os(&[bench.child(Child::Next).as_os_str(), "first".as_ref()]);
-    let waiter = bench
-        .procs
-        .spawn(&argv_zk(bench, zk, &lock, &next), "zk-handover", None);
-    wait_queued(zk, name, watches);
+    let waiter = bench.procs.spawn(&argv(bench, &next), "zk-handover", None);
+    match (zk, watches) {
+        (Some(zk), Some(watches)) => wait_queued(zk, name, watches),
+        _ => bench.wait_queued(Tool::Leasewrap, 1, &[holder, waiter]),
+    }
     bench.events.watch_exit(child, "exit");
     fifo.release(b"x\n");
     let got = bench
         .events
         .wait_all(&["exit", Child::Next.label()], START_BOUND);
-    assert_eq!(
-        got.len(),
-        2,
-        "ZooKeeper handover {name}: saw only {:?}",
-        got.keys()
-    );
+    assert_eq!(got.len(), 2, "handover {name}: saw only {:?}", got.keys());
     bench.procs.finish(&[holder, waiter], START_BOUND, 0);
     bench.sweep();
     let gap = got[Child::Next.label()].duration_since(got["exit"]);
@@ -135,7 +184,7 @@ fn wait_queued(zk: &Zk, name: &str, watches_before: u64) {
 
 /// One holder with `--ttl 3s`: its VmHWM (leasewrap + watchdog) once it has renewed, and what it
 /// asked of ZooKeeper over `COUNTED_FOR`.
-fn rss_and_cost(bench: &mut Bench, zk: &Zk) -> (Row, String) {
+fn rss_and_cost(bench: &mut Bench, zk: &Zk) -> (Row, Row, String) {
     let mut hwm = Vec::new();
     let mut cost = Vec::new();
     for i in 0..bench.sizes.n_memory {
@@ -152,23 +201,33 @@ fn rss_and_cost(bench: &mut Bench, zk: &Zk) -> (Row, String) {
         )
         .set("median_mb", median(&hwm).map(|m| m * mib_in_mb))
     };
-    let per_s = |f: fn(&Cost) -> f64| {
-        let v: Vec<f64> = cost
-            .iter()
+    let per_s = |f: fn(&Cost) -> f64| -> Vec<f64> {
+        cost.iter()
             .map(|c| f(c) / COUNTED_FOR.as_secs_f64())
-            .collect();
-        dist(&v, "/s", 2)
+            .collect()
+    };
+    let packets = per_s(|c| c.packets);
+    let packets_row = Row {
+        leasewrap: dist(&packets, "packets/s", 2),
+        ..Row::new(
+            "packets-zk",
+            format!(
+                "11. one ZooKeeper holder, session timeout {TTL} s: packets the server received \
+                 per second of holding (`mntr` zk_packets_received over {COUNTED_FOR:?})"
+            ),
+        )
+        .set("median", median(&packets))
     };
     let note = format!(
         "What one ZooKeeper holder asks (session timeout {TTL} s, counted over {COUNTED_FOR:?} \
          of holding, no other client): packets received by the server {}, transactions (the \
          zxid's counter) {}. Every renewal is a read of the own node, a sync and a multi with a \
-         check of it (docs/zookeeper.md §4.5); the server's own pings of an idle session add to \
-         the packets.",
-        per_s(|c| c.packets),
-        per_s(|c| c.txns)
+         check of it (docs/zookeeper.md §4.5), every TTL/4; the session pings only after a third of \
+         the timeout with nothing sent.",
+        dist(&packets, "/s", 2),
+        dist(&per_s(|c| c.txns), "/s", 2)
     );
-    (row, note)
+    (row, packets_row, note)
 }
 
 /// Packets and transactions ZooKeeper counted.

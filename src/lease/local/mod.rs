@@ -171,11 +171,20 @@ impl LocalLock {
         })
     }
 
-    /// Record who holds the lock in the lock file, for `leasewrap status`.
+    /// Record who holds the lock in the lock file, for `leasewrap status`. The file is cut only
+    /// when it was longer than the record (a release leaves it empty): a truncate, even of an
+    /// empty file, runs ext4's truncate path and marks the inode for writeback, just before the
+    /// child starts (as `files::write_token` says of the token file).
     pub fn record_holder(&mut self, record: &[u8]) {
         use std::os::unix::fs::FileExt;
-        let _ = self.lock.set_len(0);
         let _ = self.lock.write_all_at(record, 0);
+        if self
+            .lock
+            .metadata()
+            .is_ok_and(|m| m.len() > record.len() as u64)
+        {
+            let _ = self.lock.set_len(record.len() as u64);
+        }
     }
 
     /// The locked file, for the watchdog to hold until the child's tree is gone.

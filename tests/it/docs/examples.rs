@@ -12,7 +12,11 @@
 //! - `etcd`: on etcd although the text names no endpoint (they come from the environment file);
 //! - `hosts`: two hosts at once, then a third after them, each with its own state directory;
 //! - `once`: with `hosts`, the job runs once in all;
-//! - `status N`: it ends with N, not 0.
+//! - `status N`: it ends with N, not 0;
+//! - `release`: `scripts/release.sh`, which the tests run once for all (tests/support/release.rs);
+//! - `install`: as root of a host whose working folder holds that release's files: `dpkg -i` and
+//!   `rpm -U` install into the host's own root (its packages' dependencies not checked there), and
+//!   `leasewrap` is only what the example installed; with `source`, in the source tree.
 //!
 //! packaging/cron/leasewrap.cron is run as `cron, etcd, hosts, once`, as its comments say.
 //!
@@ -30,7 +34,8 @@ use std::thread;
 use std::time::Duration;
 
 use crate::support::etcd::{self, Etcd, Version};
-use crate::support::{clean_env, run_bounded, Output, BIN};
+use crate::support::release;
+use crate::support::{clean_env, niced, run_bounded, without_cargo_env, Output, BIN};
 
 use super::root;
 
@@ -560,6 +565,20 @@ fn script_of(example: &Example) -> String {
 
 /// Runs one example as its text says; what went otherwise than it says, if anything.
 pub fn run(example: &Example) -> Vec<String> {
+    if example.has("release") {
+        assert_eq!(
+            example.text.trim(),
+            release::RELEASE_COMMAND,
+            "{}",
+            example.place
+        );
+        // Made once for every test that needs it; it panics, with the script's errors, if it failed.
+        release::dist();
+        return Vec::new();
+    }
+    if example.has("install") {
+        return run_install(example);
+    }
     let world = World::new(etcd_for(example));
     let script = script_of(example);
     let hosts: &[&str] = if example.has("hosts") {
@@ -601,8 +620,82 @@ fn not_as_said(example: &Example, script: &str, out: &Output) -> Option<String> 
     ))
 }
 
-// ---------------------------------------------------------------------------------------------
-// The tests.
+/// Runs an `install` example; what went otherwise than it says, and whether it left a leasewrap
+/// where it says it installs one.
+fn run_install(example: &Example) -> Vec<String> {
+    let world = World::new(None);
+    let out = run_bounded(install_shell(example, &world), install_bound(example));
+    let mut wrong: Vec<String> = not_as_said(example, &example.text, &out)
+        .into_iter()
+        .collect();
+    let places = ["hosts/a/usr/bin/leasewrap", "usr/local/bin/leasewrap"];
+    if !places.iter().any(|p| world.path(p).is_file()) {
+        wrong.push(format!(
+            "{}: installed no leasewrap\n{}",
+            example.place, out.stderr
+        ));
+    }
+    wrong
+}
+
+/// The bound of an install example: one that builds from source may build the release profile.
+fn install_bound(example: &Example) -> Duration {
+    if example.has("source") {
+        Duration::from_secs(30 * 60)
+    } else {
+        EXAMPLE_BOUND
+    }
+}
+
+/// The shell an `install` example runs in: host "a" of a world, as root, its working folder the
+/// release's or the source tree, `leasewrap` only what the example installs, and the packaging
+/// tools pointed at the host's own root.
+fn install_shell(example: &Example, world: &World) -> Command {
+    let host = world.host_root("a");
+    for dir in ["var/lib/dpkg/info", "var/lib/dpkg/updates", "usr/bin"] {
+        fs::create_dir_all(host.join(dir)).unwrap();
+    }
+    for file in ["var/lib/dpkg/status", "var/lib/dpkg/available"] {
+        fs::write(host.join(file), "").unwrap();
+    }
+    let dist = release::dist();
+    for entry in fs::read_dir(&dist.dir).unwrap().flatten() {
+        symlink(entry.path(), world.path("cwd").join(entry.file_name())).unwrap();
+    }
+    let at = host.display();
+    // `--root /usr/local`, which the paths' rewriting (prefixes that end in `/`) would miss.
+    let local = format!("--root {}", world.path("usr/local").display());
+    let script = world
+        .rewrite(&example.text.replace("--root /usr/local", &local), "a")
+        .replace("dpkg -i ", &format!("dpkg --root={at} --force-depends -i "))
+        .replace("rpm -U", &format!("rpm --root {at} --nodeps -U"));
+    let mut cmd = world.shell("a", &script);
+    let path = format!(
+        "{at}/usr/bin:{}:{}",
+        world.path("usr/local/bin").display(),
+        std::env::var("PATH").unwrap()
+    );
+    cmd.env("PATH", path);
+    if example.has("source") {
+        source_build(&mut cmd);
+    }
+    cmd
+}
+
+/// `cmd` builds in the source tree, into the target folder of the build under test, with the
+/// toolchain of the test's own user (the host's HOME is the world's), at a lower priority than
+/// the tests that measure time.
+fn source_build(cmd: &mut Command) {
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+    let cargo_home = std::env::var_os("CARGO_HOME").map_or(home.join(".cargo"), PathBuf::from);
+    let rustup_home = std::env::var_os("RUSTUP_HOME").map_or(home.join(".rustup"), PathBuf::from);
+    without_cargo_env(cmd);
+    cmd.current_dir(root())
+        .env("CARGO_TARGET_DIR", release::target_dir())
+        .env("CARGO_HOME", cargo_home)
+        .env("RUSTUP_HOME", rustup_home);
+    niced(cmd);
+}
 
 #[test]
 fn every_shell_example_of_the_readme_the_docs_and_the_man_pages_runs_as_its_text_says() {

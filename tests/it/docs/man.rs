@@ -17,21 +17,25 @@ pub const READ: &[(&str, &str)] = &[
         "ZooKeeper instead of etcd: host:port,host:port[/chroot] (--zookeeper). An --endpoints on the command line wins over it; beside LEASEWRAP_ENDPOINTS it is bad usage (64).",
     ),
     ("LEASEWRAP_PREFIX", "key prefix of the lock keys (--prefix); default leasewrap/."),
-    ("LEASEWRAP_CACERT, ETCDCTL_CACERT", "CA bundle to verify etcd's certificate (--cacert)."),
+    ("LEASEWRAP_CACERT, ETCDCTL_CACERT", "CA bundle to verify the server's certificate (--cacert)."),
     ("LEASEWRAP_CERT, ETCDCTL_CERT", "client certificate for TLS (--cert)."),
     (
         "LEASEWRAP_KEY_FILE, ETCDCTL_KEY",
         "client key for TLS (--key). Not LEASEWRAP_KEY, which is the lock key given to COMMAND.",
     ),
-    ("LEASEWRAP_USER, ETCDCTL_USER", "etcd user, or USER:PASSWORD (--user)."),
-    ("LEASEWRAP_PASSWORD_FILE", "file whose first line is the etcd password (--password-file)."),
+    ("LEASEWRAP_USER, ETCDCTL_USER", "etcd or ZooKeeper user, or USER:PASSWORD (--user)."),
+    ("LEASEWRAP_PASSWORD_FILE", "file whose first line is the password (--password-file)."),
+    (
+        "LEASEWRAP_ZK_AUTH",
+        "how --user authenticates to ZooKeeper: digest (the default) or sasl (--zk-auth).",
+    ),
     (
         "LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD",
-        "the etcd password itself, when neither --password-file nor USER:PASSWORD gives it.",
+        "the password itself, when neither --password-file nor USER:PASSWORD gives it.",
     ),
     (
         "LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT",
-        "how long to wait for etcd before giving up with status 69 (--dial-timeout).",
+        "how long to wait for etcd or ZooKeeper before giving up with status 69 (--dial-timeout).",
     ),
     ("LEASEWRAP_TTL", "lease TTL to ask for (--ttl)."),
     ("LEASEWRAP_LOCAL_DIR", "local backend state directory (--local-dir)."),
@@ -247,6 +251,7 @@ fn main_page(cmd: &clap::Command) -> String {
         .para("leasewrap ends with its child's status, or says why it did not:")
         .items(leasewrap::error::EXIT_STATUS_TABLE)
         .para("leasewrap status has statuses of its own: see leasewrap-status(1).");
+    requirements(&mut s);
     s.heading("ENVIRONMENT")
         .para("Options given on the command line win over the environment; a LEASEWRAP_ variable wins over its ETCDCTL_ twin. An empty variable counts as unset, except LEASEWRAP_PREFIX, where empty means the empty prefix (so a child of --prefix '' that runs leasewrap again stays on it). --name never comes from the environment: a child that runs leasewrap again must not queue behind itself. A bad value in a variable is reported under the variable's name (LEASEWRAP_LOG_FORMAT: invalid value 'JSON' ...), not as the option it stands for.")
         .items(READ)
@@ -275,6 +280,17 @@ fn main_page(cmd: &clap::Command) -> String {
     ]);
     s.version();
     generated(&man, true) + &s.render()
+}
+
+/// What the binary needs of the system: the glibc floor scripts/release.sh builds for, and
+/// the kernel features that supervise::kernel tries.
+fn requirements(s: &mut Sections) {
+    let floor = crate::support::release::glibc_floor();
+    s.heading("REQUIREMENTS")
+        .para(&format!("The released binary (scripts/release.sh, and the .deb and .rpm packages made from it) runs on x86_64 Linux with glibc {floor} or later, and needs no other library. A binary built from source needs its build host's glibc or later. leasewrap --version names the version, the commit it was built from (commit unknown outside git) and the oldest glibc it runs on."))
+        .para("Running a command needs these kernel features. leasewrap tries each one itself before it takes the lease (a kernel that has one backported passes); on a kernel without one it starts nothing and exits 71, with one line naming the feature and the Linux release that has it:")
+        .items(leasewrap::supervise::kernel::FEATURES)
+        .para("leasewrap status, fenced-write, fenced-put and fence-sql start no process tree and need none of them.");
 }
 
 fn examples_main(s: &mut Sections) {

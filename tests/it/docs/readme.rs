@@ -176,3 +176,27 @@ fn readme_exit_status_table_has_the_statuses_of_the_man_page() {
         "README's exit statuses vs error::EXIT_STATUS_TABLE (the man page's EXIT STATUS)"
     );
 }
+
+#[test]
+fn readme_install_states_the_glibc_floor_the_release_builds_for_and_the_kernel_features() {
+    let install = section(&readme(), "## Install");
+    let floor = crate::support::release::glibc_floor();
+    assert!(
+        install.contains(&format!("glibc {floor}")),
+        "README's Install does not state the glibc floor {floor} of scripts/release.sh"
+    );
+    for (feature, _) in leasewrap::supervise::kernel::FEATURES {
+        // "a CLOCK_BOOTTIME timerfd (Linux 3.15)": the name, and the release that has it.
+        let (name, since) = feature.rsplit_once(" (").unwrap();
+        let name = name.split(' ').find(|w| w.contains('_')).unwrap();
+        let since = since.trim_end_matches(')');
+        assert!(
+            install.contains(&format!("`{name}`")) && install.contains(since),
+            "README's Install does not name {feature}"
+        );
+    }
+    assert!(
+        install.contains("exits 71"),
+        "README's Install: the status on an older kernel"
+    );
+}
