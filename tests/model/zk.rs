@@ -588,13 +588,7 @@ impl Model for Zk {
             Action::Deliver(i) => deliver(&mut s, i, d, l),
             Action::Link(f, true) => at_leader(&mut s, f, l),
             Action::Link(f, false) => at_follower(&mut s, f, d, l),
-            Action::Cut(f) => {
-                s.faults += 1;
-                let fo = &mut s.followers[f];
-                fo.cut = Some(s.now);
-                fo.to_leader.clear();
-                fo.from_leader.clear();
-            }
+            Action::Cut(f) => cut(&mut s, f),
             Action::PauseLeader => {
                 s.faults += 1;
                 s.leader_paused = true;
@@ -610,26 +604,12 @@ impl Model for Zk {
                 s.clients[c].paused = true;
             }
             Action::ResumeClient(c) => s.clients[c].paused = false,
-            Action::Slow(i) => {
-                s.slowed += 1;
-                let until = last.gives_up(&last.net[i]).expect("a renewal's message");
-                s.net[i].due = until - EPSILON;
-                s.net[i].late = true;
-            }
+            Action::Slow(i) => hold_back(&mut s, i),
             Action::Move(c) => {
                 s.faults += 1;
                 moved(&mut s, c);
             }
-            Action::LateLink(f, up) => {
-                s.late_links += 1;
-                let fo = &mut s.followers[f];
-                let q = if up {
-                    &mut fo.to_leader
-                } else {
-                    &mut fo.from_leader
-                };
-                q[0].due = next_tick(s.now);
-            }
+            Action::LateLink(f, up) => late_link(&mut s, f, up),
         }
         // Each holder's messages stay in the order sent (a stable sort).
         s.net.sort_by_key(|m| m.client);
@@ -668,6 +648,36 @@ fn tick(s: &mut State, to: BootInstant, d: u32, l: u32) {
             }
         }
     }
+}
+
+/// Follower `f`'s links to the leader are cut, both ways, for good.
+fn cut(s: &mut State, f: usize) {
+    s.faults += 1;
+    let fo = &mut s.followers[f];
+    fo.cut = Some(s.now);
+    fo.to_leader.clear();
+    fo.from_leader.clear();
+}
+
+/// Client message `i` is held back: it comes by just before its holder gives up, or never.
+fn hold_back(s: &mut State, i: usize) {
+    s.slowed += 1;
+    let until = s.gives_up(&s.net[i]).expect("a renewal's message");
+    s.net[i].due = until - EPSILON;
+    s.net[i].late = true;
+}
+
+/// The head of follower `f`'s link to the leader (`up`) or from it comes at the next tick, and
+/// what is behind it waits.
+fn late_link(s: &mut State, f: usize, up: bool) {
+    s.late_links += 1;
+    let fo = &mut s.followers[f];
+    let q = if up {
+        &mut fo.to_leader
+    } else {
+        &mut fo.from_leader
+    };
+    q[0].due = next_tick(s.now);
 }
 
 /// Holder `c`'s session moves to the other follower, which revalidates it with the leader at
