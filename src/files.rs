@@ -301,13 +301,22 @@ fn dir_mode() -> u32 {
     }
 }
 
-/// 64 bits from the OS's randomness (std seeds each `RandomState` from getrandom): temp-file
-/// names that another user cannot guess and plant ahead of us.
+/// 64 bits from the operating system's secure generator (getrandom): what another user or client
+/// must not guess (temp-file names planted ahead of us, SASL's cnonce, a lock node's prefix).
+/// Each call draws anew. Should the kernel refuse (never on the kernels leasewrap runs on, which
+/// have getrandom), std's per-process random keys stand in.
 pub fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(u64::from(std::process::id()));
-    hasher.finish()
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 8];
+    match ring::rand::SystemRandom::new().fill(&mut bytes) {
+        Ok(()) => u64::from_ne_bytes(bytes),
+        Err(_) => {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u64(u64::from(std::process::id()));
+            hasher.finish()
+        }
+    }
 }
 
 /// Remove the file `name` of the open directory `dir` (never a directory, never through a link).

@@ -27,6 +27,7 @@ use crate::support::*;
 
 mod ensemble;
 mod neighbours;
+mod seams;
 mod secure;
 mod sessions;
 mod timeouts;

@@ -104,7 +104,8 @@ pub enum Packet {
     Sync(usize),
     Check(usize, u8),
     SyncDone(usize),
-    Committed(usize, Answer),
+    /// The leader's answer to a Check: its one op's result (the reply's header is OK).
+    Committed(usize, Result<(), i32>),
     /// The lock node as the leader now has it (a create or a closeSession committed).
     Node(Option<Lock>),
 }
@@ -146,6 +147,8 @@ pub struct Msg {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reply {
     Answered(Answer),
+    /// A Check's one op's result, as the server sent it.
+    Checked(Result<(), i32>),
     /// The follower closed the connection.
     Disconnected,
 }
@@ -305,6 +308,18 @@ impl Schedule {
         match self {
             Schedule::Zk(z) => z.answered(now, answer),
             Schedule::LatestWrite(w) => w.answered(now, answer),
+        }
+    }
+
+    /// What a Check's op said: leasewrap's reading, or for the latest write, any failure is one.
+    fn check_answer(&self, op: Option<Result<(), i32>>) -> Answer {
+        match self {
+            Schedule::Zk(z) => z.check_answer(op),
+            Schedule::LatestWrite(_) => match op {
+                Some(Ok(())) => Answer::Ok,
+                Some(Err(-112)) => Answer::Expired,
+                _ => Answer::NodeGone,
+            },
         }
     }
 
@@ -820,6 +835,10 @@ fn answered(s: &mut State, m: &Msg, reply: Reply) {
     }
     let verdict = match reply {
         Reply::Answered(a) => h.schedule.answered(now, a),
+        Reply::Checked(op) => {
+            let a = h.schedule.check_answer(Some(op));
+            h.schedule.answered(now, a)
+        }
         Reply::Disconnected => {
             h.schedule.failed(now);
             Verdict::Failed
@@ -848,12 +867,14 @@ fn at_leader(s: &mut State, f: usize, d: u32) {
         Packet::Sync(c) => s.queue(f, false, Packet::SyncDone(c), d),
         Packet::Check(c, token) => {
             let alive = s.sessions[c].is_some_and(|x| x.token == token);
-            let answer = if alive {
-                seen(s.node, c, token)
-            } else {
-                Answer::Expired
+            // A session the leader expired fails the op with -112 (SESSIONEXPIRED); a node
+            // not there, with -101 (NONODE): the multi's own header stays OK.
+            let op = match (alive, seen(s.node, c, token)) {
+                (false, _) => Err(-112),
+                (true, Answer::Ok) => Ok(()),
+                (true, _) => Err(-101),
             };
-            s.queue(f, false, Packet::Committed(c, answer), d);
+            s.queue(f, false, Packet::Committed(c, op), d);
         }
         _ => {}
     }
@@ -868,7 +889,7 @@ fn at_follower(s: &mut State, f: usize, d: u32, l: u32) {
             s.queue(f, true, Packet::PingReply(table), l);
         }
         Packet::SyncDone(c) => s.answer_client(c, Step::Sync, Reply::Answered(Answer::Ok), d),
-        Packet::Committed(c, a) => s.answer_client(c, Step::Check, Reply::Answered(a), d),
+        Packet::Committed(c, op) => s.answer_client(c, Step::Check, Reply::Checked(op), d),
         Packet::Node(n) => s.followers[f].node = n,
         _ => {}
     }

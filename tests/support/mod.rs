@@ -18,6 +18,7 @@ pub mod seccomp;
 pub mod stallfs;
 mod tree;
 pub mod user;
+pub mod zkfake;
 pub mod zookeeper;
 
 pub use job::{Job, Marks};

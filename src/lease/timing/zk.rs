@@ -47,7 +47,15 @@ pub enum Answer {
     Replaced,
     /// The session has expired (or was closed).
     Expired,
+    /// Answered with an error that says nothing of the session or the node (a Check whose op
+    /// failed otherwise): a failed step.
+    Failed,
 }
+
+/// ZooKeeper's error code for a session the leader has expired or is closing.
+const SESSION_EXPIRED: i32 = -112;
+/// ZooKeeper's error code for a node that is not there.
+const NO_NODE: i32 = -101;
 
 /// What the renewer should do now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,6 +346,31 @@ impl ZkSchedule {
         }
     }
 
+    /// What a Check said, from the result of its multi's one op (none: the server sent no
+    /// result). The reply's header is OK even when the op failed, so only the op's own success
+    /// renews: -112, the leader closing the session, ends it; the own node missing is `NodeGone`;
+    /// any other error is a failed step.
+    pub fn check_answer(&self, op: Option<Result<(), i32>>) -> Answer {
+        match op {
+            Some(Ok(())) => Answer::Ok,
+            Some(Err(NO_NODE)) => Answer::NodeGone,
+            Some(Err(SESSION_EXPIRED)) => Answer::Expired,
+            _ => Answer::Failed,
+        }
+    }
+
+    /// When the step sent at `sent` is given up, its connection dropped and the renewal started
+    /// over on another member (a follower cut off from its leader answers the Look and never the
+    /// Sync): once it has run past its share of the round-trip room, and waiting longer would
+    /// leave too little time before the stop time for a fresh renewal there (a reconnect, a Look,
+    /// Δ, a Sync and a Check, each round trip within its share). Never after the stop time.
+    pub fn give_up_at(&self, sent: BootInstant) -> BootInstant {
+        let each = self.timing.round_trips / 3;
+        let retry = self.relay() + each * 4;
+        let latest = self.stop_at() - retry;
+        (sent + each).max(latest).min(self.stop_at())
+    }
+
     /// `step` was written; `t_send` was read just before.
     pub fn sent(&mut self, step: Step, t_send: BootInstant) {
         self.phase = match (step, self.phase) {
@@ -365,6 +398,10 @@ impl ZkSchedule {
             Answer::Expired => return Verdict::Lost(LossReason::SessionExpired),
             Answer::NodeGone => return Verdict::KeyLost(KeySeen::Gone),
             Answer::Replaced => return Verdict::KeyLost(KeySeen::Replaced),
+            Answer::Failed => {
+                self.failed(now);
+                return Verdict::Failed;
+            }
             Answer::Ok => {}
         }
         if now >= self.stop_at() {
@@ -401,6 +438,17 @@ impl ZkSchedule {
         };
     }
 
+    /// The session is on a new connection, seen at `now`: a renewal in progress (or failed) is
+    /// over, and the next starts at once rather than after the retry spacing, since what it
+    /// waited for went with the old connection. A session whose last renewal was good keeps its
+    /// schedule.
+    pub fn restart(&mut self, now: BootInstant) {
+        if !(self.phase.is_idle() && self.failures == 0) {
+            self.next_send = now;
+        }
+        self.phase = Phase::Idle;
+    }
+
     /// The session was moved (or reconnected) by a connect request sent at `t_send` and answered
     /// with the negotiated `timeout` (zero: the session is gone). A longer timeout changes nothing:
     /// the leader's expiry only grew. A shorter one replaced the leader's expiry when the member
@@ -427,6 +475,9 @@ impl ZkSchedule {
         if !self.twins.are(Twin::MoveKeepsD) {
             self.deadline = self.deadline.min(timing.deadline(t_send));
         }
+        // Renewals keep the shorter spacing from the reconnect on, or the lowered D would run
+        // out before the next one: none may be due later than a quarter of the new timeout.
+        self.next_send = self.next_send.min(t_send + timing.renew_every());
         self.timing = timing;
         if fits {
             Ok(())
@@ -591,6 +642,68 @@ mod tests {
     }
 
     #[test]
+    fn only_a_checks_own_success_renews_and_minus_112_ends_the_session() {
+        let s = session();
+        assert_eq!(s.check_answer(Some(Ok(()))), Answer::Ok);
+        assert_eq!(s.check_answer(Some(Err(-112))), Answer::Expired);
+        assert_eq!(s.check_answer(Some(Err(-101))), Answer::NodeGone);
+        assert_eq!(s.check_answer(Some(Err(-2))), Answer::Failed);
+        assert_eq!(s.check_answer(Some(Err(-118))), Answer::Failed);
+        assert_eq!(s.check_answer(None), Answer::Failed);
+    }
+
+    #[test]
+    fn a_check_that_failed_otherwise_keeps_d_and_starts_over() {
+        let mut s = session();
+        s.sent(Step::Look, at(1_000));
+        s.answered(at(1_005), Answer::Ok);
+        s.sent(Step::Sync, at(1_215));
+        s.answered(at(1_220), Answer::Ok);
+        s.sent(Step::Check, at(1_220));
+        assert_eq!(s.answered(at(1_225), Answer::Failed), Verdict::Failed);
+        assert_near(s.deadline(), d(0));
+        assert_eq!(s.next(at(1_225)), ZkNext::Send(Step::Look));
+        s.sent(Step::Look, at(1_225));
+        assert_eq!(
+            s.answered(at(1_230), Answer::Expired),
+            Verdict::Lost(LossReason::SessionExpired)
+        );
+    }
+
+    /// With 100 ms a round trip: a step is given up 100 ms after its send, or later while a
+    /// fresh renewal (a reconnect and Look, Δ, Sync and Check: Δ + 400 ms) still fits before
+    /// the stop time; never after it.
+    #[test]
+    fn a_stuck_step_is_given_up_while_a_fresh_renewal_still_fits() {
+        let room = super::round_trip_allowance(Duration::ZERO);
+        let s =
+            ZkSchedule::connected_within(params(), at(0), Duration::from_secs(4), Some(TICK), room)
+                .unwrap();
+        let stop = s.stop_at();
+        let latest = stop - (ms(210) + ms(400));
+        assert_eq!(s.give_up_at(at(1_000)), latest);
+        assert_eq!(s.give_up_at(latest), latest + ms(100));
+        assert_eq!(s.give_up_at(stop - ms(50)), stop);
+    }
+
+    #[test]
+    fn on_a_new_connection_a_failed_or_unfinished_renewal_starts_over_at_once() {
+        let mut s = session();
+        s.restart(at(500));
+        assert_eq!(s.next(at(500)), ZkNext::SleepUntil(at(1_000)));
+        s.sent(Step::Look, at(1_000));
+        s.failed(at(1_100));
+        s.sent(Step::Look, at(1_100));
+        s.failed(at(1_150));
+        assert_eq!(s.next(at(1_150)), ZkNext::SleepUntil(at(1_550)));
+        s.restart(at(1_200));
+        assert_eq!(s.next(at(1_200)), ZkNext::Send(Step::Look));
+        s.sent(Step::Look, at(1_200));
+        s.restart(at(1_210));
+        assert_eq!(s.next(at(1_210)), ZkNext::Send(Step::Look));
+    }
+
+    #[test]
     fn an_answer_after_the_stop_time_loses_the_lease() {
         let mut s = session();
         let stop = s.stop_at();
@@ -653,6 +766,9 @@ mod tests {
         assert_near(s.deadline(), lowered);
         assert_eq!(s.timing().effective.ttl, ms(2_500));
         assert_eq!(s.timing().effective.kill_after, ms(800));
+        // The next renewal is due by a quarter of 2.5 s after the reconnect (2.125 s), and was
+        // due sooner already (2 s).
+        assert_eq!(s.next(at(1_600)), ZkNext::SleepUntil(at(2_000)));
         // The keeper sees the state change as a failure, and the next Look goes out at once;
         // that renewal counts with 2.5 s: D from its Look + 2.5 s / 1.1 - 400 ms.
         s.failed(at(1_510));
@@ -662,6 +778,15 @@ mod tests {
             panic!("the renewal after the reconnect extends D")
         };
         assert_near(renewed, extended);
+    }
+
+    #[test]
+    fn after_a_shorter_timeout_the_next_renewal_is_due_a_quarter_of_it_after_the_reconnect() {
+        let mut s = session();
+        assert_eq!(renew(&mut s, 1_000, 5), Verdict::Extended(d(1_000)));
+        assert_eq!(s.next(at(1_100)), ZkNext::SleepUntil(at(2_000)));
+        assert_eq!(s.reconnected(at(1_100), ms(2_500)), Ok(()));
+        assert_eq!(s.next(at(1_200)), ZkNext::SleepUntil(at(1_725)));
     }
 
     #[test]

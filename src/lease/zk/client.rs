@@ -54,7 +54,13 @@ pub async fn connect(
         _ => return Err(not_opened(cfg, Vec::new())),
     };
     if make_chroot && !cfg.chroot.is_empty() {
-        ensure_path(cfg, &zk, &cfg.chroot).await.map_err(refused)?;
+        // A connection lost meanwhile is the ensemble's trouble, which a waiter rides out.
+        ensure_path(cfg, &zk, &cfg.chroot)
+            .await
+            .map_err(|error| NotOpened {
+                transient: matches!(error, Error::Unavailable(_)),
+                error,
+            })?;
     }
     Ok(Session {
         zk: zk.with_chroot(&cfg.chroot),
@@ -339,14 +345,7 @@ pub async fn conf(cfg: &ZkConfig) -> Vec<(String, Conf)> {
 }
 
 async fn four_letters(member: &str, reach: &Reach, word: &[u8]) -> Option<String> {
-    let (host, port) = net::split_host(member);
-    let tcp = tokio::net::TcpStream::connect((host, port.parse::<u16>().ok()?))
-        .await
-        .ok()?;
-    let mut io: Box<dyn net::Io> = match &reach.tls {
-        Some(config) => Box::new(super::tls::handshake(config, host, tcp).await.ok()?),
-        None => Box::new(tcp),
-    };
+    let mut io = net::open(member, reach).await.ok()?;
     io.write_all(word).await.ok()?;
     let mut text = Vec::new();
     (&mut io)

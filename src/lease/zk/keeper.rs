@@ -6,15 +6,19 @@
 //! when its turn comes. Any error, any step answered on another connection than the Look, and
 //! any change of the session's state (Disconnected, moved to another member) is a failure: `D`
 //! does not move and the triple starts over, since the chain proves something only on one
-//! connection. A move that negotiated a shorter timeout brings `D` down at once. Expired, closed
-//! or refused credentials lose the lease, whenever the session says so (never later than `D`).
+//! connection. Every connection since the one the schedule was counted from that negotiated a
+//! shorter timeout brings `D` down, from the session's own record of them: those made before the
+//! keeper started too, and however many the state channel folded into one. A step that waits
+//! past the time a fresh renewal needs (a follower cut off from its leader never answers a Sync)
+//! drops its connection, so the renewal starts over on the next member. Expired, closed or
+//! refused credentials lose the lease, whenever the session says so (never later than `D`).
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::lock::Own;
 use super::session::{State, Watched, Zk, ZkError};
-use super::wire::{Code, MultiOp};
+use super::wire::MultiOp;
 use crate::clock::BootInstant;
 use crate::lease::keeper::{lose, trouble, KeeperState};
 use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
@@ -30,22 +34,30 @@ pub struct Keeper {
 }
 
 impl Keeper {
-    /// Start renewing the lease of the session `zk`, whose own node is `own`.
-    pub fn start(zk: Zk, own: Own, schedule: ZkSchedule) -> Self {
+    /// Start renewing the lease of the session `zk`, whose own node is `own`, by `schedule`,
+    /// which counted with connection `counted_from`: the later connections that negotiated a
+    /// shorter timeout are applied first.
+    pub fn start(zk: Zk, own: Own, mut schedule: ZkSchedule, counted_from: u32) -> Self {
+        // Subscribed before the record is read: a move after the read changes the state.
+        let states = zk.states();
+        let epoch = connected_epoch(&zk.state());
+        let mut counted_to = counted_from;
+        let lost = shorten(&zk, &mut schedule, &mut counted_to);
         let (tx, state) = watch::channel(KeeperState {
             deadline: schedule.deadline(),
             stop_at: schedule.stop_at(),
-            lost: None,
+            lost,
             trouble: None,
         });
         let renewer = Renewer {
-            states: zk.states(),
-            epoch: connected_epoch(&zk.state()),
+            states,
+            epoch,
             zk,
             own,
             schedule,
             tx: tx.clone(),
             look_epoch: None,
+            counted_to,
         };
         let task = tokio::spawn(renewer.run());
         Keeper {
@@ -110,6 +122,18 @@ async fn watch_own(zk: Zk, own: Own, tx: watch::Sender<KeeperState>) {
     }
 }
 
+/// Apply to `schedule` the connections of `zk` after `counted_to` that negotiated a shorter
+/// timeout: `D` comes down to each one's bound. The loss, when the rule no longer holds.
+fn shorten(zk: &Zk, schedule: &mut ZkSchedule, counted_to: &mut u32) -> Option<LossReason> {
+    for c in zk.shorter_after(*counted_to) {
+        *counted_to = c.epoch;
+        if let Err(why) = schedule.reconnected(c.sent, c.timeout) {
+            return Some(why);
+        }
+    }
+    None
+}
+
 /// The number of the connection a state says the session is on.
 fn connected_epoch(state: &State) -> u32 {
     match state {
@@ -129,19 +153,24 @@ struct Renewer {
     epoch: u32,
     /// The connection that answered this renewal's Look.
     look_epoch: Option<u32>,
+    /// The last connection whose timeout the schedule has counted with.
+    counted_to: u32,
 }
 
 impl Renewer {
     async fn run(mut self) {
+        if self.tx.borrow().lost.is_some() {
+            return;
+        }
         loop {
             let now = BootInstant::now();
             let outcome = match self.schedule.next(now) {
                 ZkNext::Lost => return lose(&self.tx, LossReason::NotRenewed),
                 ZkNext::Send(step) => {
                     self.schedule.sent(step, now);
-                    let stop_at = self.schedule.stop_at();
+                    let give_up = self.schedule.give_up_at(now);
                     let answer = send(&self.zk, step, &self.own);
-                    unless_changed(&mut self.states, bounded(stop_at, answer)).await
+                    unless_changed(&mut self.states, bounded(give_up, answer)).await
                 }
                 ZkNext::SleepUntil(t) | ZkNext::AwaitUntil(t) => {
                     unless_changed(&mut self.states, async move {
@@ -167,13 +196,26 @@ impl Renewer {
     fn judge(&mut self, answered: Answered) -> Verdict {
         let at = BootInstant::now();
         match answered {
-            Answered::Late => Verdict::Lost(LossReason::NotRenewed),
+            Answered::Late if at >= self.schedule.stop_at() => {
+                Verdict::Lost(LossReason::NotRenewed)
+            }
+            Answered::Late => {
+                self.zk.drop_connection(self.epoch);
+                self.schedule.failed(at);
+                trouble(
+                    &self.tx,
+                    "a renewal's step was not answered in time: trying the next member",
+                );
+                Verdict::Failed
+            }
             Answered::Failed(why) => {
                 self.schedule.failed(at);
                 trouble(&self.tx, &why);
                 Verdict::Failed
             }
-            Answered::On(_, Answer::Expired, _) => self.schedule.answered(at, Answer::Expired),
+            Answered::On(_, Said::Is(Answer::Expired), _) => {
+                self.schedule.answered(at, Answer::Expired)
+            }
             Answered::On(step, answer, epoch) => {
                 if step == Step::Look {
                     self.look_epoch = Some(epoch);
@@ -186,6 +228,10 @@ impl Renewer {
                     );
                     return Verdict::Failed;
                 }
+                let answer = match answer {
+                    Said::Is(answer) => answer,
+                    Said::Checked(op) => self.schedule.check_answer(op),
+                };
                 self.schedule.answered(at, answer)
             }
         }
@@ -195,15 +241,16 @@ impl Renewer {
     /// state breaks the chain, and the renewal starts over. A move to a member that negotiated a
     /// shorter timeout brings `D` down (or loses the lease); an ended session loses it.
     fn changed(&mut self, state: State) -> Verdict {
+        if let State::Connected(c) = &state {
+            self.epoch = c.epoch;
+        }
+        // Every connection made since the last look, not only the one the state shows now.
+        let shorter = shorten(&self.zk, &mut self.schedule, &mut self.counted_to);
         let lost = match &state {
-            State::Connected(c) => {
-                self.epoch = c.epoch;
-                self.schedule.reconnected(c.sent, c.timeout).err()
-            }
-            State::Disconnected => None,
             State::Expired | State::Closed | State::AuthFailed(_) => {
                 Some(LossReason::SessionExpired)
             }
+            State::Connected(_) | State::Disconnected => shorter,
         };
         self.look_epoch = None;
         // A shorter timeout brought D down: the watchdog must have it now, loss or not.
@@ -217,7 +264,10 @@ impl Renewer {
         if let Some(why) = lost {
             return Verdict::Lost(why);
         }
-        self.schedule.failed(BootInstant::now());
+        match state {
+            State::Connected(_) => self.schedule.restart(BootInstant::now()),
+            _ => self.schedule.failed(BootInstant::now()),
+        }
         let text = match state {
             State::Connected(c) => format!(
                 "the ZooKeeper session moved to {} (timeout {} ms)",
@@ -234,10 +284,17 @@ impl Renewer {
 /// A step's outcome.
 enum Answered {
     /// Answered on connection number `u32`.
-    On(Step, Answer, u32),
+    On(Step, Said, u32),
     Failed(String),
-    /// No answer by the stop time.
+    /// No answer by the time it is given up.
     Late,
+}
+
+/// What a step's answer said.
+enum Said {
+    Is(Answer),
+    /// A Check's one op's result, which the schedule reads.
+    Checked(Option<Result<(), i32>>),
 }
 
 /// `answer`, unless the stop time comes first.
@@ -272,24 +329,27 @@ async fn send(zk: &Zk, step: Step, own: &Own) -> Answered {
         Step::Look => {
             let (stat, _) = zk.exists(&own.path, false);
             stat.await.map(|(stat, epoch)| match stat {
-                Some(s) if s.czxid == own.czxid => (Answer::Ok, epoch),
-                Some(_) => (Answer::Replaced, epoch),
-                None => (Answer::NodeGone, epoch),
+                Some(s) if s.czxid == own.czxid => (Said::Is(Answer::Ok), epoch),
+                Some(_) => (Said::Is(Answer::Replaced), epoch),
+                None => (Said::Is(Answer::NodeGone), epoch),
             })
         }
-        Step::Sync => zk.sync(&own.path).await.map(|epoch| (Answer::Ok, epoch)),
+        Step::Sync => zk
+            .sync(&own.path)
+            .await
+            .map(|epoch| (Said::Is(Answer::Ok), epoch)),
         Step::Check => {
             zk.multi(vec![MultiOp::Check(own.path.clone())])
                 .await
-                .map(|(results, epoch)| match results.first() {
-                    Some(Err(c)) if *c == Code::NO_NODE => (Answer::NodeGone, epoch),
-                    _ => (Answer::Ok, epoch),
+                .map(|(results, epoch)| {
+                    let op = results.first().map(|r| r.map_err(|c| c.0));
+                    (Said::Checked(op), epoch)
                 })
         }
     };
     match result {
-        Ok((answer, epoch)) => Answered::On(step, answer, epoch),
-        Err(ZkError::Ended(State::Expired)) => Answered::On(step, Answer::Expired, 0),
+        Ok((said, epoch)) => Answered::On(step, said, epoch),
+        Err(ZkError::Ended(State::Expired)) => Answered::On(step, Said::Is(Answer::Expired), 0),
         Err(e) => Answered::Failed(format!("{step:?}: {e}")),
     }
 }

@@ -57,7 +57,12 @@ pub struct Zk {
     attempt: Option<Attempt>,
     /// Why no session could be opened yet, while a waiter waits for the ensemble to serve.
     unavailable: Option<String>,
+    /// When a waiter last said it is waiting for the ensemble to serve.
+    told: Option<tokio::time::Instant>,
 }
+
+/// How often a waiter riding out an ensemble that does not serve says so again.
+const TELL_EVERY: Duration = Duration::from_secs(60);
 
 /// A session with its own node queued and its lease kept.
 struct Attempt {
@@ -79,6 +84,7 @@ impl Zk {
             learned: Learned::default(),
             attempt: None,
             unavailable: None,
+            told: None,
         })
     }
 
@@ -97,15 +103,13 @@ impl Zk {
             match self.queue(name, record).await {
                 Ok(()) => self.unavailable = None,
                 Err(Queued::NotOpened(n)) if block && n.transient => {
-                    tracing::debug!(error = %n.error, "no ZooKeeper member serves; trying again");
-                    self.unavailable = Some(n.error.to_string());
+                    self.ride_out(&n.error);
                     tokio::time::sleep(self.retry_every()).await;
                     continue;
                 }
                 Err(Queued::NotOpened(n)) => return Err(n.error),
                 Err(Queued::Failed(e)) if block && transient(&e) => {
-                    tracing::debug!(error = %e, "queueing failed; trying again");
-                    self.unavailable = Some(e.to_string());
+                    self.ride_out(&e);
                     self.abandon().await;
                     tokio::time::sleep(self.retry_every()).await;
                     continue;
@@ -123,6 +127,19 @@ impl Zk {
             tracing::warn!(name = %name, "own session or node lost while acquiring: queueing again");
             self.abandon().await;
         }
+    }
+
+    /// A waiter rides out an ensemble that does not serve: it says so once when it starts, then
+    /// at most once a minute, with each member's last reason (the error names them).
+    fn ride_out(&mut self, error: &Error) {
+        self.unavailable = Some(error.to_string());
+        let now = tokio::time::Instant::now();
+        if self.told.is_some_and(|at| now < at + TELL_EVERY) {
+            tracing::debug!(error = %error, "the ensemble still does not serve; trying again");
+            return;
+        }
+        self.told = Some(now);
+        tracing::warn!(error = %error, "waiting for the ZooKeeper ensemble to serve");
     }
 
     /// How long a waiter waits before it tries again after a failed request.
@@ -147,7 +164,12 @@ impl Zk {
         let own = lock::enqueue(&self.cfg, &session.zk, name, record)
             .await
             .map_err(Queued::Failed)?;
-        let keeper = Keeper::start(session.zk.clone(), own.clone(), schedule);
+        let keeper = Keeper::start(
+            session.zk.clone(),
+            own.clone(),
+            schedule,
+            session.first.epoch,
+        );
         if let Some(a) = self.attempt.as_mut() {
             a.own = Some(own);
             a.keeper = Some(keeper);

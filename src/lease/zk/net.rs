@@ -42,9 +42,14 @@ pub enum Failure {
     Refused,
     /// No answer within the bound: a member that is stopped, hung or far.
     NoAnswer(Duration),
-    /// It accepted the connection and closed it before answering the connect request: it has no
-    /// quorum (an election), or our last seen zxid is ahead of it.
+    /// It accepted the connection and closed it before answering the connect request, or during
+    /// the authentication that follows: it has no quorum (an election), our last seen zxid is
+    /// ahead of it, or it is shutting down.
     NotServing,
+    /// What it sent is not ZooKeeper's (an HTTP server, a wrong port): asking again will not help.
+    NotZooKeeper(String),
+    /// It moved the session here under another session id: ours is lost.
+    NotOurs(i64),
     Tls(String),
     /// It refused the credentials (77).
     AuthFailed(String),
@@ -80,6 +85,11 @@ impl fmt::Display for Failure {
             Failure::Tls(why) => write!(f, "TLS handshake failed: {why}"),
             Failure::AuthFailed(why) => write!(f, "refused the credentials: {why}"),
             Failure::Expired => f.write_str("the session has expired"),
+            Failure::NotZooKeeper(why) => write!(f, "not ZooKeeper: {why}"),
+            Failure::NotOurs(id) => write!(
+                f,
+                "it answered with another session (0x{id:x}) than the one being moved: ours is lost"
+            ),
             Failure::Io(why) => f.write_str(why),
         }
     }
@@ -120,13 +130,7 @@ pub async fn link(
 }
 
 async fn link_unbounded(member: &str, reach: &Reach, hello: &Hello<'_>) -> Result<Link, Failure> {
-    let (host, _) = split_host(member);
-    let tcp = dial(member).await?;
-    let _ = tcp.set_nodelay(true);
-    let mut io: Box<dyn Io> = match &reach.tls {
-        Some(config) => Box::new(super::tls::handshake(config, host, tcp).await?),
-        None => Box::new(tcp),
-    };
+    let mut io = open(member, reach).await?;
     let mut request = wire::connect_request(
         hello.last_zxid,
         hello.timeout.as_millis().min(i32::MAX as u128) as i32,
@@ -141,19 +145,21 @@ async fn link_unbounded(member: &str, reach: &Reach, hello: &Hello<'_>) -> Resul
     }
     let sent = BootInstant::now();
     io.write_all(&request).await.map_err(io_failure)?;
-    let frame = read_frame(&mut io).await.map_err(|e| match e {
-        Closed::Eof => Failure::NotServing,
-        Closed::Io(why) => Failure::Io(why),
-    })?;
+    let frame = read_frame(&mut io).await.map_err(Failure::from)?;
     let round_trip = sent.until(BootInstant::now());
     let connected = In::new(&frame)
         .connected()
-        .map_err(|e| Failure::Io(e.to_string()))?;
+        .map_err(|e| Failure::NotZooKeeper(format!("its answer to the connect request: {e}")))?;
     if connected.timeout_ms <= 0 {
         return Err(Failure::Expired);
     }
+    if hello.session_id != 0 && connected.session_id != hello.session_id {
+        return Err(Failure::NotOurs(connected.session_id));
+    }
     match &reach.auth {
-        Some(Auth::Digest { .. }) => digest_answer(&mut io).await?,
+        Some(Auth::Digest { .. }) => handshake_answer(&mut io, AUTH_XID, "digest")
+            .await
+            .map(drop)?,
         Some(Auth::Sasl { user, password }) => sasl::authenticate(&mut io, user, password).await?,
         None => {}
     }
@@ -166,19 +172,37 @@ async fn link_unbounded(member: &str, reach: &Reach, hello: &Hello<'_>) -> Resul
     })
 }
 
-/// The answer to the `addauth` sent with the connect request.
-async fn digest_answer(io: &mut Box<dyn Io>) -> Result<(), Failure> {
-    let frame = read_frame(io).await.map_err(|e| match e {
-        Closed::Eof => Failure::AuthFailed("the member closed the connection".into()),
-        Closed::Io(why) => Failure::Io(why),
-    })?;
-    let reply = Reply::read(&mut In::new(&frame)).map_err(|e| Failure::Io(e.to_string()))?;
-    match (reply.xid, reply.err) {
-        (AUTH_XID, wire::Code::OK) => Ok(()),
-        (AUTH_XID, err) => Err(Failure::AuthFailed(format!("digest: {err}"))),
-        _ => Err(Failure::Io(
-            "an answer out of order during the handshake".into(),
-        )),
+/// A stream to `member`: TCP, and TLS over it when configured.
+pub async fn open(member: &str, reach: &Reach) -> Result<Box<dyn Io>, Failure> {
+    let (host, _) = split_host(member);
+    let tcp = dial(member).await?;
+    let _ = tcp.set_nodelay(true);
+    Ok(match &reach.tls {
+        Some(config) => Box::new(super::tls::handshake(config, host, tcp).await?),
+        None => Box::new(tcp),
+    })
+}
+
+/// The answer to the handshake request `xid` (the `addauth`, or a SASL token, `what`): the body
+/// after its header. A member that closes the connection here does not serve (it is shutting
+/// down, or lost its quorum): that says nothing of the credentials. An error code refuses them.
+pub async fn handshake_answer(
+    io: &mut Box<dyn Io>,
+    xid: i32,
+    what: &str,
+) -> Result<Vec<u8>, Failure> {
+    let mut frame = read_frame(io).await.map_err(Failure::from)?;
+    let reply = Reply::read(&mut In::new(&frame))
+        .map_err(|e| Failure::NotZooKeeper(format!("its answer during {what}: {e}")))?;
+    match (reply.xid == xid, reply.err) {
+        (false, _) => Err(Failure::NotZooKeeper(format!(
+            "an answer out of order during {what}"
+        ))),
+        (true, wire::Code::OK) => Ok(frame.split_off(wire::REPLY_HEADER)),
+        (true, wire::Code::SASL_REQUIRED) => {
+            Err(Failure::AuthFailed(super::session::SASL_REQUIRED.into()))
+        }
+        (true, err) => Err(Failure::AuthFailed(format!("{what}: {err}"))),
     }
 }
 
@@ -222,8 +246,12 @@ fn io_failure(e: std::io::Error) -> Failure {
 /// How a stream ended.
 #[derive(Debug)]
 pub enum Closed {
-    /// The member closed it.
+    /// The member closed it between packets.
     Eof,
+    /// It ended inside a packet: no ZooKeeper does that.
+    CutShort,
+    /// A length no ZooKeeper sends: negative, or longer than its largest packet.
+    Foreign(String),
     Io(String),
 }
 
@@ -231,7 +259,21 @@ impl fmt::Display for Closed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Closed::Eof => f.write_str("the member closed the connection"),
-            Closed::Io(why) => f.write_str(why),
+            Closed::CutShort => f.write_str("the member closed the connection inside a packet"),
+            Closed::Foreign(why) | Closed::Io(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<Closed> for Failure {
+    /// During a handshake: a member that closes between packets does not serve; one whose bytes
+    /// are not ZooKeeper's is not ZooKeeper.
+    fn from(closed: Closed) -> Failure {
+        match closed {
+            Closed::Eof => Failure::NotServing,
+            Closed::CutShort => Failure::NotZooKeeper(closed.to_string()),
+            Closed::Foreign(why) => Failure::NotZooKeeper(why),
+            Closed::Io(why) => Failure::Io(why),
         }
     }
 }
@@ -239,22 +281,54 @@ impl fmt::Display for Closed {
 /// One packet's body; its length is bounded by [`wire::MAX_PACKET`].
 pub async fn read_frame(io: &mut (impl AsyncRead + Unpin + ?Sized)) -> Result<Vec<u8>, Closed> {
     let mut len = [0u8; 4];
-    io.read_exact(&mut len).await.map_err(closed)?;
-    let len = u32::from_be_bytes(len) as usize;
+    match io.read(&mut len[..1]).await {
+        Ok(0) => return Err(Closed::Eof),
+        Ok(_) => {}
+        Err(e) => return Err(closed(e)),
+    }
+    io.read_exact(&mut len[1..]).await.map_err(cut_short)?;
+    let len = i32::from_be_bytes(len);
+    let Ok(len) = usize::try_from(len) else {
+        return Err(Closed::Foreign(format!(
+            "a packet of negative length ({len}) from the server: {}",
+            looks_like(&len.to_be_bytes())
+        )));
+    };
     if len > wire::MAX_PACKET {
-        return Err(Closed::Io(format!(
-            "a packet of {len} bytes from the server: more than ZooKeeper sends"
+        return Err(Closed::Foreign(format!(
+            "a packet of {len} bytes from the server, more than ZooKeeper sends: {}",
+            looks_like(&(len as u32).to_be_bytes())
         )));
     }
     let mut body = vec![0; len];
-    io.read_exact(&mut body).await.map_err(closed)?;
+    io.read_exact(&mut body).await.map_err(cut_short)?;
     Ok(body)
+}
+
+/// The first bytes of a stream that is not ZooKeeper's, as text when they read as text (an
+/// HTTP server answers `HTTP`), else in hex.
+fn looks_like(head: &[u8; 4]) -> String {
+    match head.iter().all(|b| b.is_ascii_graphic()) {
+        true => format!("it begins {:?}", String::from_utf8_lossy(head)),
+        false => format!(
+            "it begins 0x{}",
+            head.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+    }
 }
 
 fn closed(e: std::io::Error) -> Closed {
     match e.kind() {
         std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => Closed::Eof,
         _ => Closed::Io(e.to_string()),
+    }
+}
+
+/// A read inside a packet that failed: the stream ended there, or broke.
+fn cut_short(e: std::io::Error) -> Closed {
+    match closed(e) {
+        Closed::Eof => Closed::CutShort,
+        other => other,
     }
 }
 
@@ -274,7 +348,32 @@ mod tests {
         let mut bytes: &[u8] = &[0x7f, 0xff, 0xff, 0xff, 0, 0];
         let e = read_frame(&mut bytes).await.unwrap_err();
         assert!(e.to_string().contains("more than ZooKeeper sends"), "{e}");
-        let mut short: &[u8] = &[0, 0, 0, 4, 1];
-        assert!(matches!(read_frame(&mut short).await, Err(Closed::Eof)));
+        let mut http: &[u8] = b"HTTP/1.1 400 Bad Request\r\n";
+        let e = read_frame(&mut http).await.unwrap_err();
+        assert!(e.to_string().contains(r#"it begins "HTTP""#), "{e}");
+        let mut negative: &[u8] = &[0x80, 0, 0, 0, 1];
+        let e = read_frame(&mut negative).await.unwrap_err();
+        assert!(
+            e.to_string().contains("negative length (-2147483648)"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_between_packets_is_closed_and_inside_one_cut_short() {
+        let mut none: &[u8] = &[];
+        assert!(matches!(read_frame(&mut none).await, Err(Closed::Eof)));
+        let mut in_length: &[u8] = &[0, 0];
+        assert!(matches!(
+            read_frame(&mut in_length).await,
+            Err(Closed::CutShort)
+        ));
+        let mut in_body: &[u8] = &[0, 0, 0, 4, 1];
+        assert!(matches!(
+            read_frame(&mut in_body).await,
+            Err(Closed::CutShort)
+        ));
+        assert_eq!(Failure::from(Closed::Eof), Failure::NotServing);
+        assert!(!Failure::from(Closed::CutShort).is_transient());
     }
 }

@@ -6,8 +6,8 @@
 
 use md5::{Digest, Md5};
 
-use super::net::{read_frame, Closed, Failure, Io};
-use super::wire::{In, Op, Out, Reply};
+use super::net::{handshake_answer, Failure, Io};
+use super::wire::{In, Op, Out};
 
 /// The service and server names ZooKeeper's DIGEST-MD5 server expects in `digest-uri`.
 const DIGEST_URI: &str = "zookeeper/zk-sasl-md5";
@@ -45,19 +45,10 @@ async fn exchange(io: &mut Box<dyn Io>, xid: i32, token: &[u8]) -> Result<Vec<u8
     io.write_all(&out.finish())
         .await
         .map_err(|e| Failure::Io(e.to_string()))?;
-    let frame = read_frame(io).await.map_err(|e| match e {
-        Closed::Eof => Failure::AuthFailed("SASL: the member closed the connection".into()),
-        Closed::Io(why) => Failure::Io(why),
-    })?;
-    let mut input = In::new(&frame);
-    let reply = Reply::read(&mut input).map_err(|e| Failure::Io(e.to_string()))?;
-    if reply.xid != xid {
-        return Err(Failure::Io("an answer out of order during SASL".into()));
-    }
-    if reply.err != super::wire::Code::OK {
-        return Err(Failure::AuthFailed(format!("SASL: {}", reply.err)));
-    }
-    input.buffer().map_err(|e| Failure::Io(e.to_string()))
+    let body = handshake_answer(io, xid, "SASL").await?;
+    In::new(&body)
+        .buffer()
+        .map_err(|e| Failure::NotZooKeeper(format!("its SASL token: {e}")))
 }
 
 /// Our response to a challenge, and the `rspauth` the server must then send.
@@ -90,7 +81,12 @@ fn respond_for(
         return Err("the challenge is not md5-sess".into());
     }
     let nc = "00000001";
-    let inner = Md5::digest(format!("{user}:{realm}:{password}").as_bytes());
+    let mut secret = latin1_or_utf8(user);
+    secret.push(b':');
+    secret.extend(latin1_or_utf8(&realm));
+    secret.push(b':');
+    secret.extend(latin1_or_utf8(password));
+    let inner = Md5::digest(&secret);
     let mut a1 = inner.to_vec();
     a1.extend_from_slice(format!(":{nonce}:{cnonce}").as_bytes());
     let ha1 = hex(&Md5::digest(&a1));
@@ -111,6 +107,15 @@ fn respond_for(
         response,
         rspauth: kd(&format!(":{uri}")),
     })
+}
+
+/// A value as RFC 2831 §2.1.2.1 hashes it with `charset=utf-8`: in ISO 8859-1 when every
+/// character fits there (as the JDK's server does, each value on its own), else in UTF-8.
+fn latin1_or_utf8(text: &str) -> Vec<u8> {
+    text.chars()
+        .map(|c| u8::try_from(u32::from(c)).ok())
+        .collect::<Option<Vec<u8>>>()
+        .unwrap_or_else(|| text.as_bytes().to_vec())
 }
 
 /// The value of `key` in a list of `key=value` or `key="value"` directives.
@@ -170,6 +175,28 @@ mod tests {
             step.response
         );
         assert_eq!(step.rspauth, "ea40f60335c427b5527b84dbabcdfffd");
+    }
+
+    /// The JDK's server hashes `pässwort` as ISO 8859-1 (0xe4), not as UTF-8 (0xc3 0xa4).
+    #[test]
+    fn a_password_that_fits_iso_8859_1_is_hashed_in_it_and_one_that_does_not_in_utf_8() {
+        assert_eq!(latin1_or_utf8("pässwort"), b"p\xe4sswort");
+        assert_eq!(latin1_or_utf8("bob"), b"bob");
+        assert_eq!(latin1_or_utf8("pa€"), "pa€".as_bytes());
+        let challenge =
+            r#"realm="zk-sasl-md5",nonce="n",qop="auth",algorithm=md5-sess,charset=utf-8"#;
+        let latin1 = respond(challenge, "bob", "pässwort", "c").unwrap();
+        let expected = {
+            let inner = Md5::digest(b"bob:zk-sasl-md5:p\xe4sswort");
+            let mut a1 = inner.to_vec();
+            a1.extend_from_slice(b":n:c");
+            hex(&Md5::digest(&a1))
+        };
+        let ha2 = hex(&Md5::digest(format!(":{DIGEST_URI}").as_bytes()));
+        let rspauth = hex(&Md5::digest(
+            format!("{expected}:n:00000001:c:auth:{ha2}").as_bytes(),
+        ));
+        assert_eq!(latin1.rspauth, rspauth);
     }
 
     #[test]

@@ -9,6 +9,13 @@
 //! A request whose connection is lost before its answer fails with `ConnectionLoss` and is never
 //! sent again: it may have been applied. Closing the session is a request of its own, and the
 //! server deletes the session's ephemeral nodes with it.
+//!
+//! Every connection that negotiates a shorter timeout than all before it is kept in the session's
+//! own record, from the first connect on, so that the timing rule sees each of them whenever it
+//! looks: a state channel keeps only the latest state, and a keeper that starts late would miss
+//! a move made before. An answer that is not ZooKeeper's ends the connection; -124 (the server
+//! requires SASL) ends the session as refused credentials; a reconnect that another session id
+//! answers ends it as lost.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -148,7 +155,29 @@ pub struct Zk {
     state: watch::Receiver<State>,
     chroot: Arc<str>,
     session_id: i64,
+    /// The connections that negotiated a shorter timeout than every one before them.
+    shorter: Shorter,
+    /// The number of a connection to drop (a step stuck on it), for the session's task.
+    drop: Arc<watch::Sender<u32>>,
 }
+
+/// The connections whose negotiated timeout was shorter than every earlier one's, oldest first
+/// (the first connection always): a few at most, since each is shorter than the last.
+type Shorter = Arc<std::sync::Mutex<Vec<Connection>>>;
+
+/// Keep `c` when its timeout is shorter than every one kept.
+fn keep_if_shorter(shorter: &Shorter, c: &Connection) {
+    let mut kept = shorter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !matches!(kept.last(), Some(last) if c.timeout >= last.timeout) {
+        kept.push(c.clone());
+    }
+}
+
+/// What the server's -124 means, to the user.
+pub const SASL_REQUIRED: &str = "the ensemble requires SASL authentication of every client \
+     (zookeeper.enforce.auth): give --zk-auth sasl with --user and --password-file";
 
 /// Why no member gave a session: each member tried, and what it did.
 pub type Refusals = Vec<(String, Failure)>;
@@ -181,12 +210,17 @@ impl Zk {
     fn start(link: Link, opts: Options, next: usize) -> Zk {
         let (calls, rx) = mpsc::unbounded_channel();
         let first = connection(&link, 1);
+        let shorter = Shorter::default();
+        keep_if_shorter(&shorter, &first);
         let (tx, state) = watch::channel(State::Connected(first));
+        let (drop, dropped) = watch::channel(0);
         let zk = Zk {
             calls,
             state,
             chroot: opts.chroot.clone().into(),
             session_id: link.connected.session_id,
+            shorter: shorter.clone(),
+            drop: Arc::new(drop),
         };
         let task = Task {
             password: link.connected.password.clone(),
@@ -194,6 +228,8 @@ impl Zk {
             opts,
             calls: rx,
             state: tx,
+            shorter,
+            dropped,
             last_zxid: 0,
             epoch: 1,
             next,
@@ -216,6 +252,23 @@ impl Zk {
 
     pub fn state(&self) -> State {
         self.state.borrow().clone()
+    }
+
+    /// The connections after connection `epoch` that negotiated a shorter timeout than every
+    /// one before them, in order: each lowers what the timing rule counts with.
+    pub fn shorter_after(&self, epoch: u32) -> Vec<Connection> {
+        let kept = self
+            .shorter
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.iter().filter(|c| c.epoch > epoch).cloned().collect()
+    }
+
+    /// Drop connection `epoch`, if the session is still on it, and move to the next member: a
+    /// request on it has waited too long (a follower cut off from its leader answers reads and
+    /// pings, never a sync or a write).
+    pub fn drop_connection(&self, epoch: u32) {
+        self.drop.send_replace(epoch);
     }
 
     /// The session's states from now on.
@@ -268,15 +321,6 @@ impl Zk {
         (answer, watched)
     }
 
-    fn ask(
-        &self,
-        op: Op,
-        body: Body,
-    ) -> impl Future<Output = Result<Answer, ZkError>> + Send + 'static {
-        let (answer, _) = self.request(op, body, false);
-        async move { answer.await.map(|(a, _)| a) }
-    }
-
     /// Create the node `path` (create2: with its Stat); the path made, as the client sees it.
     pub fn create(
         &self,
@@ -292,20 +336,19 @@ impl Zk {
             mode,
         };
         let chroot = self.chroot.clone();
-        let answer = self.ask(Op::Create2, body);
+        let answer = self.typed(Op::Create2, body, |a| match a {
+            Answer::Created(made, stat) => Ok((made, stat)),
+            other => Err(other),
+        });
         async move {
-            match answer.await? {
-                Answer::Created(made, stat) => {
-                    let made = made.strip_prefix(&*chroot).filter(|p| !p.is_empty());
-                    Ok((made.unwrap_or("/").to_owned(), stat))
-                }
-                other => Err(unexpected(other)),
-            }
+            let ((made, stat), _) = answer.await?;
+            let made = made.strip_prefix(&*chroot).filter(|p| !p.is_empty());
+            Ok((made.unwrap_or("/").to_owned(), stat))
         }
     }
 
     pub fn delete(&self, path: &str) -> impl Future<Output = Result<(), ZkError>> + Send + 'static {
-        let answer = self.ask(Op::Delete, Body::Delete(self.full(path)));
+        let answer = self.typed(Op::Delete, Body::Delete(self.full(path)), |_| Ok(()));
         async move { answer.await.map(|_| ()) }
     }
 
@@ -321,12 +364,10 @@ impl Zk {
             watch,
         };
         let (answer, watched) = self.request(Op::Exists, body, watch);
-        let answer = async move {
-            match answer.await? {
-                (Answer::Stat(stat), epoch) => Ok((stat, epoch)),
-                (other, _) => Err(unexpected(other)),
-            }
-        };
+        let answer = of_kind(answer, |a| match a {
+            Answer::Stat(stat) => Ok(stat),
+            other => Err(other),
+        });
         (answer, watched)
     }
 
@@ -334,18 +375,11 @@ impl Zk {
         &self,
         path: &str,
     ) -> impl Future<Output = Result<(Vec<u8>, Stat), ZkError>> + Send + 'static {
-        let body = Body::Read {
-            op: Op::GetData,
-            path: self.full(path),
-            watch: false,
-        };
-        let answer = self.ask(Op::GetData, body);
-        async move {
-            match answer.await? {
-                Answer::Data(data, stat) => Ok((data, stat)),
-                other => Err(unexpected(other)),
-            }
-        }
+        let answer = self.typed(Op::GetData, self.read(Op::GetData, path), |a| match a {
+            Answer::Data(data, stat) => Ok((data, stat)),
+            other => Err(other),
+        });
+        async move { answer.await.map(|(a, _)| a) }
     }
 
     /// The names of the node's children, and its Stat.
@@ -353,31 +387,42 @@ impl Zk {
         &self,
         path: &str,
     ) -> impl Future<Output = Result<(Vec<String>, Stat), ZkError>> + Send + 'static {
-        let body = Body::Read {
-            op: Op::GetChildren2,
-            path: self.full(path),
-            watch: false,
-        };
-        let answer = self.ask(Op::GetChildren2, body);
-        async move {
-            match answer.await? {
-                Answer::Children(names, stat) => Ok((names, stat)),
-                other => Err(unexpected(other)),
-            }
-        }
+        let body = self.read(Op::GetChildren2, path);
+        let answer = self.typed(Op::GetChildren2, body, |a| match a {
+            Answer::Children(names, stat) => Ok((names, stat)),
+            other => Err(other),
+        });
+        async move { answer.await.map(|(a, _)| a) }
     }
 
     pub fn get_acl(
         &self,
         path: &str,
     ) -> impl Future<Output = Result<Vec<Acl>, ZkError>> + Send + 'static {
-        let answer = self.ask(Op::GetAcl, Body::GetAcl(self.full(path)));
-        async move {
-            match answer.await? {
-                Answer::Acl(acls, _) => Ok(acls),
-                other => Err(unexpected(other)),
-            }
+        let answer = self.typed(Op::GetAcl, Body::GetAcl(self.full(path)), |a| match a {
+            Answer::Acl(acls, _) => Ok(acls),
+            other => Err(other),
+        });
+        async move { answer.await.map(|(a, _)| a) }
+    }
+
+    /// A read of `path` without a watch.
+    fn read(&self, op: Op, path: &str) -> Body {
+        Body::Read {
+            op,
+            path: self.full(path),
+            watch: false,
         }
+    }
+
+    /// Queue `op` now (no watch); its answer, of the kind `pick` takes, and the connection.
+    fn typed<T: Send + 'static>(
+        &self,
+        op: Op,
+        body: Body,
+        pick: fn(Answer) -> Result<T, Answer>,
+    ) -> impl Future<Output = Result<(T, u32), ZkError>> + Send + 'static {
+        of_kind(self.request(op, body, false).0, pick)
     }
 
     /// A `sync`: answered once the leader's answer to it reached the member.
@@ -406,30 +451,34 @@ impl Zk {
                 },
             })
             .collect();
-        let (answer, _) = self.request(Op::Multi, Body::Multi(ops), false);
-        async move {
-            match answer.await? {
-                (Answer::Multi(results), epoch) => Ok((results, epoch)),
-                (other, _) => Err(unexpected(other)),
-            }
-        }
+        self.typed(Op::Multi, Body::Multi(ops), |a| match a {
+            Answer::Multi(results) => Ok(results),
+            other => Err(other),
+        })
     }
 
     /// Close the session, waiting up to `within` for the server's answer: the server deletes
     /// the session's ephemeral nodes. A session that cannot be reached is left to expire.
     pub async fn close(&self, within: Duration) {
-        let answer = self.ask(Op::CloseSession, Body::Empty);
+        let (answer, _) = self.request(Op::CloseSession, Body::Empty, false);
         if let Err(e) = tokio::time::timeout(within, answer)
             .await
-            .unwrap_or(Ok(Answer::Done))
+            .unwrap_or(Ok((Answer::Done, 0)))
         {
             tracing::debug!(error = %e, "closing the ZooKeeper session");
         }
     }
 }
 
-fn unexpected(answer: Answer) -> ZkError {
-    ZkError::Malformed(format!("an answer of the wrong kind: {answer:?}"))
+/// `answer`, of the kind `pick` takes; another kind is malformed.
+async fn of_kind<T>(
+    answer: impl Future<Output = Result<Answered, ZkError>>,
+    pick: fn(Answer) -> Result<T, Answer>,
+) -> Result<(T, u32), ZkError> {
+    let (answer, epoch) = answer.await?;
+    let kind = pick(answer)
+        .map_err(|other| ZkError::Malformed(format!("an answer of the wrong kind: {other:?}")))?;
+    Ok((kind, epoch))
 }
 
 fn connection(link: &Link, epoch: u32) -> Connection {
@@ -447,6 +496,10 @@ struct Task {
     opts: Options,
     calls: mpsc::UnboundedReceiver<Call>,
     state: watch::Sender<State>,
+    /// The handles' record of shorter timeouts, kept as each connection is made.
+    shorter: Shorter,
+    /// The number of a connection the handles asked to drop.
+    dropped: watch::Receiver<u32>,
     session_id: i64,
     password: Vec<u8>,
     last_zxid: i64,
@@ -480,8 +533,9 @@ impl Task {
                 Err(state) => return self.end(state),
             };
             self.epoch += 1;
-            self.state
-                .send_replace(State::Connected(connection(&link, self.epoch)));
+            let now = connection(&link, self.epoch);
+            keep_if_shorter(&self.shorter, &now);
+            self.state.send_replace(State::Connected(now));
         }
     }
 
@@ -519,7 +573,7 @@ impl Task {
                         self.next = (at + 1) % n;
                         return Ok(link);
                     }
-                    Err(Failure::Expired) => return Err(State::Expired),
+                    Err(Failure::Expired | Failure::NotOurs(_)) => return Err(State::Expired),
                     Err(Failure::AuthFailed(why)) => return Err(State::AuthFailed(why)),
                     Err(why) => {
                         tracing::debug!(member = %member, reason = %why, "ZooKeeper member gave no session")
@@ -573,7 +627,9 @@ struct Served<'t> {
 }
 
 /// The two tasks that move a connection's bytes: one reads whole frames into a channel, one
-/// writes what the session queues, in order.
+/// writes what the session queues, in order, each packet flushed (TLS may keep a record back
+/// until then). Both end with the connection: a writer blocked on a member that stopped reading
+/// holds nothing open after it.
 struct Pumps {
     reader: tokio::task::JoinHandle<()>,
     frames: mpsc::Receiver<Result<Vec<u8>, net::Closed>>,
@@ -598,6 +654,7 @@ impl Pumps {
         let writer = tokio::spawn(async move {
             while let Some(bytes) = out_rx.recv().await {
                 wr.write_all(&bytes).await?;
+                wr.flush().await?;
             }
             Ok(())
         });
@@ -632,6 +689,8 @@ impl<'t> Served<'t> {
         } = Pumps::start(link.io);
         let (ping_every, silent_for) = (timeout / 3, timeout * 2 / 3);
         let (mut last_send, mut last_recv) = (Instant::now(), Instant::now());
+        let epoch = self.task.epoch;
+        let mut dropped = self.task.dropped.clone();
         let end = loop {
             tokio::select! {
                 call = self.task.calls.recv() => match call {
@@ -661,6 +720,9 @@ impl<'t> Served<'t> {
                 _ = tokio::time::sleep_until(last_recv + silent_for) => {
                     break End::Lost(format!("nothing heard from the member for {silent_for:?}"));
                 }
+                Ok(()) = dropped.changed() => if *dropped.borrow_and_update() == epoch {
+                    break End::Lost("a request on it waited too long: trying the next member".into());
+                },
                 written = &mut writer => {
                     let why = written.map_or_else(|e| e.to_string(), |r| r.err().map_or_else(String::new, |e| e.to_string()));
                     break End::Lost(format!("writing to the member failed: {why}"));
@@ -668,6 +730,7 @@ impl<'t> Served<'t> {
             }
         };
         reader.abort();
+        writer.abort();
         self.fail_all(&end);
         end
     }
@@ -705,6 +768,11 @@ impl<'t> Served<'t> {
         };
         if reply.zxid > 0 {
             self.task.last_zxid = self.task.last_zxid.max(reply.zxid);
+        }
+        if reply.err == Code::SASL_REQUIRED {
+            // Sent to any request, a PING included, before the server closes the connection:
+            // every member will say the same.
+            return Some(End::Over(State::AuthFailed(SASL_REQUIRED.into())));
         }
         match reply.xid {
             wire::WATCH_XID => {

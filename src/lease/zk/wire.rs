@@ -12,6 +12,9 @@ use std::fmt;
 /// plus its header. A longer length is a broken or hostile stream, never allocated.
 pub const MAX_PACKET: usize = 1024 * 1024 + 1024;
 
+/// The bytes of a reply's header (xid, zxid, error code), before its body.
+pub const REPLY_HEADER: usize = 16;
+
 /// Request types (`ZooDefs.OpCode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
