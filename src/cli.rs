@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
     long_version = env!("LONG_VERSION"),
     about = "Run a command as the only holder of a named lease, and stop it before the lease can lapse",
     long_about = "Run COMMAND as the only holder of the lease NAME: on etcd when endpoints are given, \
-otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
+on ZooKeeper when a connect string is, otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
 when each renewal was sent; the child gets a fencing token in LEASEWRAP_FENCING_TOKEN, and its whole \
 process tree is stopped before the lease can lapse. Everything after -- belongs to COMMAND, which is \
 run directly, never through a shell unless -c is given.",
@@ -58,16 +58,16 @@ refused (64); DEST.fence is never followed through a link or waited on as a FIFO
 file of this user with one link holding one decimal token, and is never echoed (78)."
     )]
     FencedWrite(FencedWriteArgs),
-    /// Put KEY VALUE in etcd only while the lock key still has the given token
+    /// Put KEY VALUE in etcd or ZooKeeper only while the lock key still has the given token
     #[command(
-        long_about = "Put KEY VALUE in etcd in one transaction that succeeds only while the lock key \
+        long_about = "Put KEY VALUE in etcd or ZooKeeper in one transaction that succeeds only while the lock key \
 (--lock-key, or LEASEWRAP_KEY) still has the fencing token (--token, or LEASEWRAP_FENCING_TOKEN) as its \
 create revision: a holder whose lease has ended, or that was replaced, writes nothing. fenced-put \
 needs etcd or ZooKeeper: it has no local form. On ZooKeeper (--zookeeper) the lock key is the lock node's path, \
 the token its czxid, and KEY a node path outside /leasewrap, written in one multi that first checks the lock node. Run by a child of leasewrap on etcd, it needs neither option nor \
 --endpoints, since the child's environment has all three. KEY must lie outside leasewrap's own keys, else fenced-put refuses it with status 64: not under PREFIX/runs/ (the run records, which only leasewrap writes, under the lease of their own NAME), not under the lock key's own queue PREFIX NAME/, and with a non-empty prefix not under any PREFIX NAME/ (a key there takes part in that lock, and without a lease would hold it for ever). The guard proves only that the lock key had the token when the put was applied; which key a holder may write is up to etcd's permissions.",
         mut_arg("endpoints", |a| a.help(
-            "etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]"
+            "etcd endpoints, comma separated; fenced-put needs etcd or ZooKeeper, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]"
         ))
     )]
     FencedPut(FencedPutArgs),
@@ -336,7 +336,7 @@ pub struct ConnArgs {
     #[arg(long, value_name = "SCHEME", value_parser = ["digest", "sasl"])]
     pub zk_auth: Option<String>,
 
-    /// Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]
+    /// Time to wait for etcd or ZooKeeper to answer before giving up with status 69 (each endpoint or member gets its share) [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]
     #[arg(long, value_name = "DUR")]
     pub dial_timeout: Option<String>,
 }
@@ -418,7 +418,7 @@ pub const CAVEATS: &[(&str, &str)] = &[
     ),
     (
         "-E 0 alone hides nothing",
-        "-E 0 only silences the hosts that do not run the job. Without --no-wait or --once-per each host waits its turn and then runs the job too (with --wait, unless the wait runs out first): a nightly cron line on a fleet needs the fleet's etcd (--endpoints, or LEASEWRAP_ENDPOINTS) and -w 1h -E 0 --once-per 1d, so that the first host runs it and the others end with status 0. Without endpoints the local backend excludes only runs on the same host.",
+        "-E 0 only silences the hosts that do not run the job. Without --no-wait or --once-per each host waits its turn and then runs the job too (with --wait, unless the wait runs out first): a nightly cron line on a fleet needs the fleet's etcd or ZooKeeper (--endpoints or --zookeeper, or LEASEWRAP_ENDPOINTS or LEASEWRAP_ZOOKEEPER) and -w 1h -E 0 --once-per 1d, so that the first host runs it and the others end with status 0. Without endpoints the local backend excludes only runs on the same host.",
     ),
 ];
 

@@ -58,7 +58,7 @@ impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LossReason::Expired => f.write_str("etcd says the lease has expired (TTL 0)"),
-            LossReason::NotRenewed => f.write_str("no keepalive reply came before the stop time"),
+            LossReason::NotRenewed => f.write_str("no renewal succeeded before the stop time"),
             LossReason::DeadlinePassed => f.write_str("no renewal came before the deadline"),
             LossReason::TtlDoesNotFit(ttl) => write!(
                 f,

@@ -1332,6 +1332,39 @@ fn a_refused_connection_is_one_line_in_words_naming_the_endpoint_and_exits_69() 
     );
 }
 
+on_both_versions!(an_endpoint_that_is_not_etcd_beside_a_healthy_one_costs_a_run_nothing);
+/// An HTTP server listed beside etcd (a wrong port, a health endpoint) answers the client's
+/// HTTP/2 with HTTP/1: that endpoint's failure, so the run goes on with the other, every time.
+/// Alone with a refusing endpoint, the failure names each endpoint and its own reason.
+fn an_endpoint_that_is_not_etcd_beside_a_healthy_one_costs_a_run_nothing(v: Version) {
+    let http = crate::support::http::HttpServer::start();
+    let endpoints = format!("http://{},{}", http.addr(), etcd::shared(v).endpoint());
+    for _ in 0..8 {
+        let out = Leasewrap::new()
+            .on_etcd(&endpoints, &etcd::unique_prefix("not-etcd"))
+            .name("job")
+            .cmd(&["true"])
+            .output();
+        assert_exit(&out, 0);
+    }
+    let neither = format!("http://{},http://127.0.0.1:1", http.addr());
+    let out = Leasewrap::new()
+        .on_etcd(&neither, "lw/")
+        .args(&["--name", "job", "--dial-timeout", "1s"])
+        .cmd(&["true"])
+        .output();
+    assert_exit(&out, 69);
+    // The HTTP server's reason is what the HTTP/2 client made of its answer (a protocol error,
+    // or a pipe it closed), each endpoint's reason after its URL.
+    let each = [
+        format!("http://{}: ", http.addr()),
+        "; http://127.0.0.1:1: connection refused".to_owned(),
+    ];
+    for reason in each {
+        assert!(out.stderr.contains(&reason), "{}", out.stderr);
+    }
+}
+
 on_both_versions!(https_to_a_plain_http_etcd_is_a_failed_tls_handshake_and_exits_77);
 fn https_to_a_plain_http_etcd_is_a_failed_tls_handshake_and_exits_77(v: Version) {
     let plain = etcd::shared(v).endpoint();

@@ -26,6 +26,7 @@ use crate::support::zookeeper::{self, Zk};
 use crate::support::*;
 
 mod ensemble;
+mod layers;
 mod neighbours;
 mod seams;
 mod secure;

@@ -8,6 +8,7 @@
 pub mod dbserver;
 pub mod elf;
 pub mod etcd;
+pub mod http;
 mod job;
 pub mod mariadb;
 pub mod neighbour;

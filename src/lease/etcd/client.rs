@@ -3,8 +3,9 @@
 //!
 //! Failures are sorted by their type and gRPC code, never by their text: an answer etcd gives
 //! (a gRPC status) is final unless its code says the member could not serve it; a transport or
-//! I/O failure is one endpoint's and may be tried on another; a TLS failure anywhere in the
-//! cause chain is a refusal. Every failure is said in words, naming the endpoint ("etcd at
+//! I/O failure is one endpoint's and may be tried on another, as is a status made of one (an
+//! endpoint that does not speak HTTP/2, such as a plain HTTP server); a TLS failure anywhere in
+//! the cause chain is a refusal. When every endpoint fails, each one's reason is said. Every failure is said in words, naming the endpoint ("etcd at
 //! 127.0.0.1:1: connection refused"), never as the libraries' Debug output. Nothing here knows
 //! of leases or processes.
 
@@ -29,6 +30,8 @@ pub struct Conn {
     peer: Peer,
     /// Bound on each request ([`Conn::retrying`]): the dial timeout.
     within: Duration,
+    /// The settings and endpoints it was dialled with, to ask each endpoint alone why it failed.
+    dialled: std::sync::Arc<(EtcdConfig, Vec<String>)>,
 }
 
 /// Who a client talks to, as its failures need it.
@@ -72,6 +75,7 @@ impl Conn {
             client,
             peer,
             within: cfg.dial_timeout,
+            dialled: std::sync::Arc::new((cfg.clone(), endpoints.to_vec())),
         })
     }
 
@@ -101,8 +105,10 @@ impl Conn {
     }
 
     /// Like [`Conn::call`], but a failure that may be one endpoint's (refused, closed, no
-    /// answer) is tried again on a fresh handle, so that another endpoint can answer, until
-    /// `within` has passed.
+    /// answer, not etcd) is tried again on a fresh handle, so that another endpoint can answer,
+    /// until `within` has passed: at once, then at pauses that double up to 50 ms (a balanced
+    /// client picks the failed endpoint again as often as not). When the last failure was one
+    /// endpoint's and there are several, each endpoint's own reason is asked for and said.
     pub async fn retrying_within<T, Fut>(
         &self,
         within: Duration,
@@ -113,20 +119,76 @@ impl Conn {
     {
         let until = tokio::time::Instant::now() + within;
         let mut last = None;
-        loop {
+        for tries in 0u32.. {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             let e = match timeout(left, request(self.client())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) => e,
                 // Out of time: the last failure says more than the timeout does.
-                Err(_) => return Err(last.unwrap_or_else(|| no_answer(&self.peer, within))),
+                Err(_) => break,
             };
             let failure = Failure::of(&e, self.peer.tls);
-            if failure != Failure::Transient || left <= RETRY_PAUSE {
+            let pause = match tries {
+                0 => Duration::ZERO,
+                n => RETRY_PAUSE.min(Duration::from_millis(1 << n.min(6))),
+            };
+            if failure != Failure::Transient {
                 return Err(failure.into_error(&e, &self.peer));
             }
             last = Some(failure.into_error(&e, &self.peer));
-            tokio::time::sleep(RETRY_PAUSE).await;
+            if left <= pause {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        let last = last.unwrap_or_else(|| no_answer(&self.peer, within));
+        Err(self.each_reason(last).await)
+    }
+
+    /// `failure` with each endpoint's own reason, asked of each alone within its share of the
+    /// dial timeout, when there are several (one: it is already that endpoint's).
+    async fn each_reason(&self, failure: Error) -> Error {
+        let (cfg, endpoints) = &*self.dialled;
+        if endpoints.len() < 2 || !matches!(failure, Error::Unavailable(_)) {
+            return failure;
+        }
+        let share = cfg.dial_timeout / endpoints.len() as u32;
+        let mut asks = tokio::task::JoinSet::new();
+        for (i, url) in endpoints.iter().enumerate() {
+            let cfg = EtcdConfig {
+                dial_timeout: share,
+                ..cfg.clone()
+            };
+            let url = url.clone();
+            asks.spawn(async move { (i, endpoint_reason(&cfg, &url).await) });
+        }
+        let mut reasons = vec![String::new(); endpoints.len()];
+        while let Some(Ok((i, why))) = asks.join_next().await {
+            reasons[i] = format!("{}: {why}", endpoints[i]);
+        }
+        Error::Unavailable(format!(
+            "etcd: no endpoint served within {:?} (--dial-timeout): {}",
+            self.within,
+            reasons.join("; ")
+        ))
+    }
+}
+
+/// Why the endpoint `url` alone does not serve, asked with a status request.
+async fn endpoint_reason(cfg: &EtcdConfig, url: &str) -> String {
+    let asked = async {
+        let conn = Conn::dial_to(cfg, &[url.to_owned()]).await?;
+        let within = cfg.dial_timeout;
+        conn.call(within, |mut c| async move { c.status().await })
+            .await
+    };
+    match asked.await {
+        Ok(_) => "answers now".into(),
+        Err(e) => {
+            let text = e.to_string();
+            // "etcd at HOST:PORT: why": the endpoint is named already.
+            text.split_once(": ")
+                .map_or(text.clone(), |(_, why)| why.to_owned())
         }
     }
 }
@@ -253,6 +315,10 @@ impl Failure {
         }
         match e {
             E::TransportError(_) | E::IoError(_) => Failure::Transient,
+            // Made by the transport, not said by etcd: that endpoint's failure.
+            E::GRpcStatus(s) if causes(s).any(|c| c.is::<tonic::transport::Error>()) => {
+                Failure::Transient
+            }
             E::GRpcStatus(s) => Failure::of_code(s.code()),
             _ => Failure::Final,
         }

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::lock::Own;
 use super::session::{State, Watched, Zk, ZkError};
-use super::wire::MultiOp;
+use super::wire::{Code, MultiOp};
 use crate::clock::BootInstant;
 use crate::lease::keeper::{lose, trouble, KeeperState};
 use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
@@ -228,11 +228,19 @@ impl Renewer {
                     );
                     return Verdict::Failed;
                 }
-                let answer = match answer {
-                    Said::Is(answer) => answer,
-                    Said::Checked(op) => self.schedule.check_answer(op),
+                let (answer, op) = match answer {
+                    Said::Is(answer) => (answer, None),
+                    Said::Checked(op) => (self.schedule.check_answer(op), Some(op)),
                 };
-                self.schedule.answered(at, answer)
+                let verdict = self.schedule.answered(at, answer);
+                if let (Verdict::Failed, Some(op)) = (&verdict, op) {
+                    let said = op.map_or("no result".into(), |r| match r {
+                        Ok(()) => "ok".into(),
+                        Err(code) => Code(code).to_string(),
+                    });
+                    trouble(&self.tx, &format!("the renewal's Check failed: {said}"));
+                }
+                verdict
             }
         }
     }

@@ -16,15 +16,23 @@
 
 pub mod client;
 pub mod fence;
-mod keeper;
-mod lock;
-mod net;
 pub mod runs;
 mod sasl;
-mod session;
 pub mod status;
 mod tls;
-mod wire;
+
+/// Modules of the backend's own, public only to the tests of their seams (the `seams` feature,
+/// which no build a user runs turns on).
+macro_rules! seams {
+    ($($module:ident),*) => {$(
+        #[cfg(feature = "seams")]
+        pub mod $module;
+        #[cfg(not(feature = "seams"))]
+        mod $module;
+    )*};
+}
+
+seams!(keeper, lock, net, session, wire);
 
 use std::time::Duration;
 

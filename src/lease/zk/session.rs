@@ -665,6 +665,12 @@ impl Pumps {
             writer,
         }
     }
+
+    /// Stop both tasks: the connection closes, though the writer be blocked on it.
+    fn stop(&self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
 }
 
 impl<'t> Served<'t> {
@@ -681,12 +687,7 @@ impl<'t> Served<'t> {
     async fn serve(mut self) -> End {
         let link = self.link.take().expect("a link to serve");
         let timeout = Duration::from_millis(link.connected.timeout_ms as u64);
-        let Pumps {
-            reader,
-            mut frames,
-            out,
-            mut writer,
-        } = Pumps::start(link.io);
+        let mut pumps = Pumps::start(link.io);
         let (ping_every, silent_for) = (timeout / 3, timeout * 2 / 3);
         let (mut last_send, mut last_recv) = (Instant::now(), Instant::now());
         let epoch = self.task.epoch;
@@ -695,15 +696,15 @@ impl<'t> Served<'t> {
             tokio::select! {
                 call = self.task.calls.recv() => match call {
                     Some(call) => {
-                        self.send(&out, call);
+                        self.send(&pumps.out, call);
                         last_send = Instant::now();
                     }
                     None => {
-                        let _ = out.send(Out::request(0, Op::CloseSession).finish());
+                        let _ = pumps.out.send(Out::request(0, Op::CloseSession).finish());
                         break End::Over(State::Closed);
                     }
                 },
-                frame = frames.recv() => match frame {
+                frame = pumps.frames.recv() => match frame {
                     Some(Ok(frame)) => {
                         last_recv = Instant::now();
                         if let Some(end) = self.received(&frame) {
@@ -714,7 +715,7 @@ impl<'t> Served<'t> {
                     None => break End::Lost("the connection's reader ended".into()),
                 },
                 _ = tokio::time::sleep_until(last_send + ping_every) => {
-                    let _ = out.send(Out::request(wire::PING_XID, Op::Ping).finish());
+                    let _ = pumps.out.send(Out::request(wire::PING_XID, Op::Ping).finish());
                     last_send = Instant::now();
                 }
                 _ = tokio::time::sleep_until(last_recv + silent_for) => {
@@ -723,14 +724,13 @@ impl<'t> Served<'t> {
                 Ok(()) = dropped.changed() => if *dropped.borrow_and_update() == epoch {
                     break End::Lost("a request on it waited too long: trying the next member".into());
                 },
-                written = &mut writer => {
+                written = &mut pumps.writer => {
                     let why = written.map_or_else(|e| e.to_string(), |r| r.err().map_or_else(String::new, |e| e.to_string()));
                     break End::Lost(format!("writing to the member failed: {why}"));
                 }
             }
         };
-        reader.abort();
-        writer.abort();
+        pumps.stop();
         self.fail_all(&end);
         end
     }
@@ -797,10 +797,10 @@ impl<'t> Served<'t> {
             )));
         };
         if pending.xid != xid {
-            return Some(End::Lost(format!(
-                "answer {xid} out of order (waiting for {})",
-                pending.xid
-            )));
+            let why = format!("answer {xid} out of order (waiting for {})", pending.xid);
+            // It fails with the rest, with the connection lost.
+            self.pending.push_front(pending);
+            return Some(End::Lost(why));
         }
         let result = answer(pending.op, err, input);
         if let (Some((path, watch)), true) = (pending.watch, sets_watch(pending.op, &result)) {
@@ -883,4 +883,49 @@ fn answer(op: Op, err: Code, input: &mut In<'_>) -> Result<Answer, ZkError> {
         _ => Answer::Done,
     };
     Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, BufWriter};
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        rt.expect("a runtime").block_on(f)
+    }
+
+    /// A stream that sends nothing until flushed (as TLS may hold a record back): each packet
+    /// reaches the member all the same.
+    #[test]
+    fn each_packet_is_flushed_as_it_is_written() {
+        block_on(async {
+            let (ours, mut theirs) = tokio::io::duplex(1 << 16);
+            let held = BufWriter::with_capacity(1 << 12, ours);
+            let pumps = Pumps::start(Box::new(held));
+            pumps.out.send(vec![1, 2, 3]).expect("the writer runs");
+            let mut got = [0u8; 3];
+            let read = tokio::time::timeout(Duration::from_secs(5), theirs.read_exact(&mut got));
+            read.await.expect("the packet came").expect("read it");
+            assert_eq!(got, [1, 2, 3]);
+            pumps.stop();
+        });
+    }
+
+    /// A member that stops reading blocks the writer; stopping the pumps closes the connection
+    /// all the same, and the member reads what was sent, then the end.
+    #[test]
+    fn a_writer_blocked_on_a_member_that_stops_reading_ends_with_its_connection() {
+        block_on(async {
+            let (ours, mut theirs) = tokio::io::duplex(16);
+            let pumps = Pumps::start(Box::new(ours));
+            pumps.out.send(vec![7; 1000]).expect("the writer runs");
+            tokio::task::yield_now().await;
+            pumps.stop();
+            let mut all = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), theirs.read_to_end(&mut all));
+            read.await.expect("the connection ended").expect("read to the end");
+            assert!(all.len() < 1000, "{} bytes", all.len());
+        });
+    }
 }

@@ -7,6 +7,7 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
+use crate::support::http::HttpServer;
 use crate::support::zkfake::{requested, sessions_given, Cue, FakeZk, Seen, Writer};
 use crate::support::*;
 
@@ -97,7 +98,7 @@ fn a_move_to_a_shorter_timeout_before_the_lease_is_kept_brings_d_down() {
 /// with every Check failing so, the lease runs out at its stop time.
 #[test]
 fn a_check_whose_op_failed_renews_nothing_and_minus_112_loses_the_lease() {
-    for (code, loss) in [(-112, "session"), (-2, "no renewal came")] {
+    for (code, loss) in [(-112, "session"), (-2, "no renewal")] {
         let fake = FakeZk::start(1, MIN, MAX);
         let sb = Sandbox::new();
         let mut a = holder(&fake.connect(), "failed-check", "4s", Marks::new(&sb, "a"));
@@ -245,25 +246,8 @@ fn a_server_that_is_not_zookeeper_fails_fast_and_alone_is_69() {
 /// waits for the ensemble to serve, never silently; with `-n`, 69 after the dial timeout.
 #[test]
 fn an_http_server_in_the_connect_string_is_a_member_that_does_not_answer_and_is_said_so() {
-    let port = crate::support::etcd::free_port();
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let mut http = std::process::Command::new("python3")
-        .args([
-            "-m",
-            "http.server",
-            "--bind",
-            "127.0.0.1",
-            &port.to_string(),
-        ])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 -m http.server (python3 is installed by scripts/test.sh)");
-    wait_until(STARTUP, "the HTTP server to listen", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    let at = format!("127.0.0.1:{port}");
+    let http = HttpServer::start();
+    let at = http.addr();
     let lw = || Leasewrap::new().on_zookeeper(&at).name("http");
     let hasty = lw()
         .args(&["-n", "--dial-timeout", "1s"])
@@ -277,8 +261,6 @@ fn an_http_server_in_the_connect_string_is_a_member_that_does_not_answer_and_is_
     });
     patient.kill(nix::sys::signal::Signal::SIGTERM);
     let ended = patient.wait_timeout(STARTUP);
-    let _ = http.kill();
-    let _ = http.wait();
     assert_exit(&hasty, 69);
     assert!(
         hasty.stderr.contains("no answer within"),
