@@ -253,6 +253,9 @@ pub struct Secure {
 impl Secure {
     pub const SASL_USER: &'static str = "bob";
     pub const SASL_PASSWORD: &'static str = "bob-secret";
+    /// A JAAS user whose password is not ASCII, but fits ISO 8859-1.
+    pub const LATIN1_USER: &'static str = "carl";
+    pub const LATIN1_PASSWORD: &'static str = "pässwort";
 
     /// `127.0.0.1:SECURE_PORT`: a connect string for TLS.
     pub fn tls_connect(&self) -> String {
@@ -312,17 +315,44 @@ fn write_server_files(dir: &Path, tls: &super::etcd::Tls) -> (PathBuf, PathBuf) 
         .collect::<String>();
     let pem = dir.join("server.pem");
     fs::write(&pem, key_and_cert).expect("write the server's PEM");
+    (pem, write_jaas(dir))
+}
+
+/// The JAAS file of the SASL users: `bob`, `carl` and `eve`, in UTF-8.
+fn write_jaas(dir: &Path) -> PathBuf {
     let jaas = dir.join("jaas.conf");
-    fs::write(
-        &jaas,
-        format!(
-            "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  user_{}=\"{}\"\n  user_eve=\"eve-secret\";\n}};\n",
-            Secure::SASL_USER,
-            Secure::SASL_PASSWORD
-        ),
-    )
-    .expect("write the JAAS file");
-    (pem, jaas)
+    let users = [
+        (Secure::SASL_USER, Secure::SASL_PASSWORD),
+        (Secure::LATIN1_USER, Secure::LATIN1_PASSWORD),
+        ("eve", "eve-secret"),
+    ];
+    let lines: Vec<String> = users
+        .iter()
+        .map(|(user, password)| format!("  user_{user}=\"{password}\""))
+        .collect();
+    let text = format!(
+        "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n{};\n}};\n",
+        lines.join("\n")
+    );
+    fs::write(&jaas, text).expect("write the JAAS file");
+    jaas
+}
+
+/// A standalone server that requires SASL of every client (`zookeeper.enforce.auth`), with the
+/// JAAS users of [`Secure`]: any other client's first request is answered with -124 and its
+/// connection closed. The temp dir holds the JAAS file.
+pub fn start_enforcing_sasl() -> (Zk, TempDir) {
+    let files = scratch_dir();
+    let jaas = write_jaas(files.path());
+    let extra = vec![
+        "authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider".into(),
+    ];
+    let jvm = vec![
+        format!("-Djava.security.auth.login.config={}", jaas.display()),
+        "-Dzookeeper.enforce.auth.enabled=true".into(),
+        "-Dzookeeper.enforce.auth.schemes=sasl".into(),
+    ];
+    (Zk::launch(&Setup::default(), &extra, &jvm), files)
 }
 
 /// Member `from`'s way to member `to`: a proxy for each of `to`'s quorum and election ports.

@@ -156,3 +156,59 @@ fn with_sasl_the_jaas_user_owns_what_leasewrap_creates_and_a_wrong_password_is_7
     assert_exit(&wrong, 77);
     assert!(wrong.stderr.contains("SASL"), "{}", wrong.stderr);
 }
+
+/// A password file holding `password`, readable by its owner only.
+fn password_file(sb: &Sandbox, name: &str, password: &str) -> std::path::PathBuf {
+    let path = sb.path(name);
+    std::fs::write(&path, format!("{password}\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    path
+}
+
+/// A JAAS password that fits ISO 8859-1 (`pässwort`): the server hashes it in ISO 8859-1
+/// (RFC 2831 §2.1.2.1), and so must leasewrap, or the user is refused (77).
+#[test]
+fn a_sasl_password_in_iso_8859_1_authenticates() {
+    let s = zookeeper::shared_secure();
+    let sb = Sandbox::new();
+    let file = password_file(&sb, "latin1", Secure::LATIN1_PASSWORD);
+    let run = Leasewrap::new()
+        .on_zookeeper(&s.zk.connect())
+        .args(&[
+            "--prefix",
+            &format!("{}/", zookeeper::unique_name("latin1")),
+        ])
+        .args(&["--zk-auth", "sasl", "--user", Secure::LATIN1_USER])
+        .args(&["--password-file", file.to_str().unwrap()])
+        .name("job")
+        .cmd(&["true"])
+        .output();
+    assert_exit(&run, 0);
+}
+
+/// An ensemble that requires SASL of every client (zookeeper.enforce.auth.schemes=sasl) closes
+/// a digest user's session with -124: 77 at once, naming --zk-auth sasl (a run without -w used
+/// to wait for ever); the same user with --zk-auth sasl runs.
+#[test]
+fn an_ensemble_that_requires_sasl_refuses_a_digest_user_with_77_naming_zk_auth_sasl() {
+    let (zk, _files) = zookeeper::start_enforcing_sasl();
+    let sb = Sandbox::new();
+    let file = password_file(&sb, "bob", Secure::SASL_PASSWORD);
+    let run = |scheme: &str| {
+        Leasewrap::new()
+            .on_zookeeper(&zk.connect())
+            .args(&["--zk-auth", scheme, "--user", Secure::SASL_USER])
+            .args(&["--password-file", file.to_str().unwrap()])
+            .name("job")
+            .cmd(&["true"])
+            .output()
+    };
+    let digest = run("digest");
+    assert_exit(&digest, 77);
+    assert!(
+        digest.stderr.contains("--zk-auth sasl"),
+        "{}",
+        digest.stderr
+    );
+    assert_exit(&run("sasl"), 0);
+}

@@ -230,3 +230,50 @@ fn smallest_ttl_accepted(zk: &Zk, name: &str) -> &'static str {
         })
         .expect("some TTL up to 4 s is accepted")
 }
+
+/// A follower cut off from its leader keeps answering reads and PINGs for syncLimit x tickTime
+/// (here 5 x 2 s), never a sync. The holder's renewal stuck there is given up while a fresh one
+/// still fits, its session moves to a member that serves, and the lease is kept: the child runs
+/// on past the time the stuck renewal would have lost it (about 5 s with --ttl 8s) and past the
+/// follower's own 10 s.
+#[test]
+fn a_renewal_stuck_on_a_cut_off_follower_moves_on_and_the_lease_is_kept() {
+    let setup = Setup {
+        tick: Some(Duration::from_secs(2)),
+        extra: vec!["syncLimit=5".into()],
+        ..Setup::default()
+    };
+    let ensemble = Ensemble::start_with(&setup, |_| Vec::new());
+    let leader = ensemble.leader_index();
+    let follower = ensemble.other_than(&[leader]);
+    let to_other = Proxy::start(ensemble.addr(ensemble.other_than(&[leader, follower])));
+    to_other.set_mode(Mode::Blackhole);
+    let sb = Sandbox::new();
+    let at = format!("{},{}", ensemble.endpoint(follower), to_other.addr());
+    let lw = Leasewrap::new()
+        .on_zookeeper(&at)
+        .name(&zookeeper::unique_name("cut_off"))
+        .args(&["--ttl", "8s", "-vv"]);
+    let mut a = hold(lw, &sb, "a");
+    let child = a.child();
+    to_other.heal();
+    ensemble.isolate(follower);
+    let cut = Instant::now();
+    while cut.elapsed() < Duration::from_secs(12) {
+        assert!(
+            pid_alive(child),
+            "the lease was lost {:?} after the cut\n{}",
+            cut.elapsed(),
+            a.run.stderr()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        a.run.stderr().contains("trying the next member"),
+        "{}",
+        a.run.stderr()
+    );
+    ensemble.heal(follower);
+    a.release();
+    a.finish_with(0);
+}
