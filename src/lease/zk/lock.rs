@@ -8,9 +8,10 @@
 //! of the same shape (planted by another client) is never waited for. A sequence past 2^31, which
 //! ZooKeeper writes negative, still sorts after the ones before it.
 //!
-//! A waiter's own member may be a follower cut off from the leader, serving a stale view: the
-//! turn counts as come only after a `sync` and a multi with a check on the own node, which goes
-//! through the leader, both succeed. The fencing token is the own node's czxid: 64 bits, and
+//! A waiter's own member may be a follower cut off from the leader, serving a stale view: once it
+//! has waited, each look lists the queue behind a `sync`, which only the leader answers, and the
+//! turn counts only on that listing, with the waiter's own deadline still ahead (its session is
+//! then alive at the leader). The fencing token is the own node's czxid: 64 bits, and
 //! growing with every create, across leader changes and restarts (not the 32-bit sequence, which
 //! restarts with the parent, nor the session id, which is not ordered).
 
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use super::client::{self, acls, bounded};
 use super::session::{Watch, Zk, ZkError};
-use super::wire::{Code, Mode, MultiOp, Stat};
+use super::wire::{Code, Mode, Stat};
 use crate::config::ZkConfig;
 use crate::error::Error;
 
@@ -65,35 +66,49 @@ pub const fn is_lock_node(stat: &Stat) -> bool {
 /// Create the own node under `name`'s parent, holding `record`: the parent is made only when the
 /// create says it is missing. A create whose answer was lost is looked for by its random prefix
 /// (and this session as its owner) before it is tried again. With an identity, the parent's and
-/// the root's ACLs are read beside the create, and an open one is reported.
-pub async fn enqueue(cfg: &ZkConfig, zk: &Zk, name: &str, record: &[u8]) -> Result<Own, Error> {
+/// the root's ACLs are read beside the create, and an open one is reported. The parent's children
+/// are asked for right behind the create, on the same connection (so the listing comes after it):
+/// the first look at the queue costs no round trip of its own.
+pub async fn enqueue(
+    cfg: &ZkConfig,
+    zk: &Zk,
+    name: &str,
+    record: &[u8],
+) -> Result<(Own, Option<Vec<String>>), Error> {
     let parent = parent(cfg, name);
     let prefix = format!(
         "_c_{:016x}{:016x}-lock-",
         crate::files::random_u64(),
-        crate::files::random_u64().rotate_left(17)
+        crate::files::random_u64()
     );
     let path = format!("{parent}/{prefix}");
     let acl = acls(cfg.has_identity());
     let mut last = None;
     for _ in 0..3 {
         let create = zk.create(&path, record, &acl, Mode::EphemeralSequential);
+        let listing = zk.children(&parent);
         let looks = report_open_parents(cfg, zk, &parent);
         let (made, ()) = tokio::join!(client::answered(cfg, &path, create), looks);
         match made {
             Ok(Ok((made, stat))) => {
-                return Ok(Own {
+                let listing = client::answered(cfg, &parent, listing).await;
+                let own = Own {
                     path: made,
                     czxid: stat.czxid,
-                })
+                };
+                return Ok((own, listing.ok().and_then(Result::ok).map(|(c, _)| c)));
             }
             Ok(Err(e)) if e.is(Code::NO_NODE) => client::ensure_path(cfg, zk, &parent).await?,
-            Ok(Err(e @ ZkError::ConnectionLoss(_))) => last = Some(client::failure(cfg, &path, &e)),
+            Ok(Err(e @ ZkError::ConnectionLoss(_))) => {
+                last = Some(client::failure(cfg, &path, &e));
+                // Where the create went is asked on the session's next connection.
+                zk.reconnected(cfg.conn.dial_timeout).await;
+            }
             Ok(Err(e)) => return Err(client::failure(cfg, &parent, &e)),
             Err(late) => last = Some(late),
         }
         if let Some(own) = find(cfg, zk, &parent, &prefix).await? {
-            return Ok(own);
+            return Ok((own, None));
         }
     }
     Err(last.unwrap_or_else(|| client::no_answer(cfg, &path, cfg.conn.dial_timeout)))
@@ -143,13 +158,22 @@ pub enum Place {
     Gone,
 }
 
-/// The own node's place, from one listing of the parent (by the own member: maybe stale) and a
+/// The own node's place, from one listing of the parent (by the own member: maybe stale; `listing`
+/// when one came right behind the own create) and a
 /// look at the nodes ahead of it, nearest first, until one is a lock node (ephemeral), which is
 /// then watched. Another node of the own random prefix is an earlier create of ours whose answer
 /// was lost and that a stale listing did not show: it is deleted, never waited for.
-pub async fn place(cfg: &ZkConfig, zk: &Zk, own: &Own) -> Result<Place, Error> {
+pub async fn place(
+    cfg: &ZkConfig,
+    zk: &Zk,
+    own: &Own,
+    listing: Option<Vec<String>>,
+) -> Result<Place, Error> {
     let (parent, me) = own.path.rsplit_once('/').unwrap_or(("", &own.path));
-    let (children, _) = bounded(cfg, parent, cfg.conn.dial_timeout, zk.children(parent)).await?;
+    let children = match listing {
+        Some(children) => children,
+        None => bounded(cfg, parent, cfg.conn.dial_timeout, zk.children(parent)).await?.0,
+    };
     let prefix = me.split_once("-lock-").map_or(me, |(p, _)| p);
     let (orphans, queue): (Vec<String>, Vec<String>) = queue(children)
         .into_iter()
@@ -184,26 +208,21 @@ pub async fn wait_gone(watch: Watch, every: Duration) {
     let _ = tokio::time::timeout(every, watch.changed()).await;
 }
 
-/// Through the leader: a `sync`, then a multi whose one op checks that the own node exists.
-/// Ok(false) when the node is gone.
-pub async fn confirm(cfg: &ZkConfig, zk: &Zk, own: &Own) -> Result<bool, Error> {
-    bounded(cfg, &own.path, cfg.conn.dial_timeout, zk.sync(&own.path)).await?;
-    check(cfg, zk, &own.path, cfg.conn.dial_timeout).await
-}
-
-/// A multi with one check op on `path` (any version): a write that goes through the leader.
-/// Ok(false) when the node is not there.
-pub async fn check(cfg: &ZkConfig, zk: &Zk, path: &str, within: Duration) -> Result<bool, Error> {
-    let multi = zk.multi(vec![MultiOp::Check(path.to_owned())]);
-    let (results, _) = bounded(cfg, path, within, multi).await?;
-    match results.first() {
-        Some(Ok(())) => Ok(true),
-        Some(Err(c)) if *c == Code::NO_NODE => Ok(false),
-        Some(Err(c)) => Err(client::failure(cfg, path, &ZkError::Server(*c))),
-        None => Err(Error::Unavailable(format!(
-            "ZooKeeper answered a check of {path} with nothing"
-        ))),
-    }
+/// The children of the own node's parent as the leader had them when it answered a `sync` sent
+/// just before: the member answers a session's requests in order, the listing only after the
+/// sync, so nothing older than the leader's state at the sync (ZooKeeper's up-to-date read, as a
+/// waiter's look on etcd is a linearizable read). A member cut off from its leader answers
+/// neither: a waiter never acts on its view.
+pub async fn synced_listing(cfg: &ZkConfig, zk: &Zk, own: &Own) -> Result<Vec<String>, Error> {
+    let (parent, _) = own.path.rsplit_once('/').unwrap_or(("", &own.path));
+    let within = cfg.conn.dial_timeout;
+    let (sync, listing) = (zk.sync(parent), zk.children(parent));
+    let (synced, listed) = tokio::join!(
+        bounded(cfg, parent, within, sync),
+        bounded(cfg, parent, within, listing)
+    );
+    synced?;
+    Ok(listed?.0)
 }
 
 /// Delete a node of ours; a failure only means it goes with its session.

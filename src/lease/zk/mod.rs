@@ -76,6 +76,8 @@ const TELL_EVERY: Duration = Duration::from_secs(60);
 struct Attempt {
     zk: Session,
     own: Option<Own>,
+    /// The parent's children, listed right behind the own node's create, for the first look.
+    listing: Option<Vec<String>>,
     keeper: Option<Keeper>,
 }
 
@@ -155,7 +157,9 @@ impl Zk {
         self.params.ttl / 10
     }
 
-    /// Open a session, check its timing, create the own node and start keeping the lease.
+    /// Open a session, create the own node while the ensemble's timing is still being learned
+    /// (the rule needs it only to keep the lease), check the timing and start keeping the lease.
+    /// A timing the rule refuses closes the session, and the node with it.
     async fn queue(&mut self, name: &str, record: &[u8]) -> Result<(), Queued> {
         let session = client::connect(&self.cfg, self.params.ttl, true)
             .await
@@ -163,15 +167,26 @@ impl Zk {
         self.attempt = Some(Attempt {
             zk: session.zk.clone(),
             own: None,
+            listing: None,
             keeper: None,
         });
-        let schedule = self
-            .schedule(&session.first)
-            .await
-            .map_err(Queued::Failed)?;
-        let own = lock::enqueue(&self.cfg, &session.zk, name, record)
-            .await
-            .map_err(Queued::Failed)?;
+        let learning = learn_timing(&self.cfg, self.asking.take(), self.learned.clone());
+        let queueing = lock::enqueue(&self.cfg, &session.zk, name, record);
+        tokio::pin!(learning, queueing);
+        // The timing is judged as soon as it is known, the node's create going on meanwhile.
+        let mut queued = None;
+        self.learned = loop {
+            tokio::select! {
+                learned = &mut learning => break learned,
+                done = &mut queueing, if queued.is_none() => queued = Some(done),
+            }
+        };
+        let schedule = self.schedule(&session.first).map_err(Queued::Failed)?;
+        let queued = match queued {
+            Some(done) => done,
+            None => queueing.await,
+        };
+        let (own, listing) = queued.map_err(Queued::Failed)?;
         let keeper = Keeper::start(
             session.zk.clone(),
             own.clone(),
@@ -180,6 +195,7 @@ impl Zk {
         );
         if let Some(a) = self.attempt.as_mut() {
             a.own = Some(own);
+            a.listing = listing;
             a.keeper = Some(keeper);
         }
         Ok(())
@@ -190,14 +206,7 @@ impl Zk {
     /// member told, and the rule must leave room for a renewal's round trips: at least 100 ms each
     /// (else 64, bad usage), and as long as this session's connect took (else 69: the ensemble
     /// answers too slowly now for this TTL, which a waiter rides out).
-    async fn schedule(&mut self, first: &Connection) -> Result<ZkSchedule, Error> {
-        if let Some(asking) = self.asking.take() {
-            self.learned = asking.await.unwrap_or_default();
-        }
-        if self.learned.tick().is_none() {
-            // Asked while no member served (an election): ask again, now that one does.
-            self.learned = client::learn(&self.cfg).await;
-        }
+    fn schedule(&self, first: &Connection) -> Result<ZkSchedule, Error> {
         let timeout = in_force(self.params.ttl, first.timeout, &self.learned.conf);
         let tick = self.learned.tick();
         say_what_counts(first, timeout, &self.learned, self.cfg.members.len());
@@ -215,17 +224,18 @@ impl Zk {
         Ok(schedule)
     }
 
-    /// Wait for the own node's turn: true once it is first and confirmed through the leader,
+    /// Wait for the own node's turn: true once it is first on a listing the leader vouches for,
     /// false when the session or the node was lost on the way. A failed request is tried
     /// again (the keeper's loss ends the wait); only refused credentials and `-n` end it.
-    /// First at the first look needs no confirmation, as on etcd: the listing came after the
-    /// own create's answer on the same connection, so the member had applied everything up to
-    /// that create, which the leader had just accepted from a live session.
+    /// First at the first look needs no `sync`, as on etcd: the listing came after the own
+    /// create's answer on the same connection, so the member had applied everything up to that
+    /// create, which the leader had just accepted from a live session.
     async fn wait_turn(&mut self, name: &str, block: bool) -> Result<bool, Error> {
         let (cfg, every, retry) = (&self.cfg, self.params.ttl / 4, self.params.ttl / 10);
         let Some(Attempt {
             zk,
             own: Some(own),
+            listing,
             keeper: Some(keeper),
         }) = self.attempt.as_mut()
         else {
@@ -236,7 +246,7 @@ impl Zk {
             if keeper.now().lost.is_some() {
                 return Ok(false);
             }
-            let step = look(cfg, zk, own, waited, block, name).await;
+            let step = look(cfg, zk, own, listing.take(), waited, block, name).await;
             waited = true;
             let watch = match step {
                 Ok(Look::Ended(turn)) => return Ok(turn),
@@ -291,6 +301,22 @@ impl Zk {
     }
 }
 
+/// What the ensemble tells of its timing: what was asked in the background (`asking`), else
+/// what was learned before; asked again when no member told a tickTime (an election then).
+async fn learn_timing(
+    cfg: &ZkConfig,
+    asking: Option<JoinHandle<Learned>>,
+    mut learned: Learned,
+) -> Learned {
+    if let Some(asking) = asking {
+        learned = asking.await.unwrap_or_default();
+    }
+    if learned.tick().is_none() {
+        learned = client::learn(cfg).await;
+    }
+    learned
+}
+
 /// What stopped an attempt to queue.
 enum Queued {
     NotOpened(NotOpened),
@@ -343,20 +369,25 @@ enum Look {
     Behind(Watch),
 }
 
-/// One look at the queue. A node first after having waited is confirmed through the leader
-/// before the turn counts; behind another with `-n` is `Busy`.
+/// One look at the queue. After a wait, the queue is listed behind a `sync`, so that the turn
+/// counts only on what the leader had (`confirmed` then checks that `D` is still ahead, so the
+/// own session is alive there); behind another with `-n` is `Busy`.
 async fn look(
     cfg: &ZkConfig,
     zk: &Session,
     own: &Own,
+    listing: Option<Vec<String>>,
     waited: bool,
     block: bool,
     name: &str,
 ) -> Result<Look, Error> {
-    match lock::place(cfg, zk, own).await? {
+    let listing = match (listing, waited) {
+        (None, true) => Some(lock::synced_listing(cfg, zk, own).await?),
+        (listing, _) => listing,
+    };
+    match lock::place(cfg, zk, own, listing).await? {
         Place::Gone => Ok(Look::Ended(false)),
-        Place::First if !waited => Ok(Look::Ended(true)),
-        Place::First => Ok(Look::Ended(lock::confirm(cfg, zk, own).await?)),
+        Place::First => Ok(Look::Ended(true)),
         Place::Behind(..) if !block => Err(Error::Busy { name: name.into() }),
         Place::Behind(ahead, watch) => {
             tracing::debug!(ahead = %ahead, "waiting for the lock node ahead");

@@ -175,6 +175,9 @@ fn keep_if_shorter(shorter: &Shorter, c: &Connection) {
     }
 }
 
+/// How long a session whose every handle is gone waits for its closeSession to be written.
+const CLOSE_WRITTEN_WITHIN: Duration = Duration::from_secs(1);
+
 /// What the server's -124 means, to the user.
 pub const SASL_REQUIRED: &str = "the ensemble requires SASL authentication of every client \
      (zookeeper.enforce.auth): give --zk-auth sasl with --user and --password-file";
@@ -269,6 +272,23 @@ impl Zk {
     /// pings, never a sync or a write).
     pub fn drop_connection(&self, epoch: u32) {
         self.drop.send_replace(epoch);
+    }
+
+    /// After a request failed with `ConnectionLoss`: wait, at most `within`, until the session
+    /// is on a connection newer than the one that was lost (the state may not say Disconnected
+    /// yet), or has ended.
+    pub async fn reconnected(&self, within: Duration) {
+        let mut states = self.state.clone();
+        let lost = match &*states.borrow() {
+            State::Connected(c) => c.epoch,
+            _ => 0,
+        };
+        let moved = states.wait_for(|s| match s {
+            State::Connected(c) => c.epoch > lost,
+            State::Disconnected => false,
+            _ => true,
+        });
+        let _ = tokio::time::timeout(within, moved).await;
     }
 
     /// The session's states from now on.
@@ -666,6 +686,12 @@ impl Pumps {
         }
     }
 
+    /// Let the writer write what is queued, within `within`.
+    async fn drain(&mut self, within: Duration) {
+        drop(std::mem::replace(&mut self.out, mpsc::unbounded_channel().0));
+        let _ = tokio::time::timeout(within, &mut self.writer).await;
+    }
+
     /// Stop both tasks: the connection closes, though the writer be blocked on it.
     fn stop(&self) {
         self.reader.abort();
@@ -700,7 +726,9 @@ impl<'t> Served<'t> {
                         last_send = Instant::now();
                     }
                     None => {
+                        // Every handle is gone: close the session, and see the close written.
                         let _ = pumps.out.send(Out::request(0, Op::CloseSession).finish());
+                        pumps.drain(CLOSE_WRITTEN_WITHIN).await;
                         break End::Over(State::Closed);
                     }
                 },
