@@ -50,7 +50,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l user -d 'etcd or Zo
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l zk-auth -d 'How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers\' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]' -r -f -a "digest\t''
 sasl\t''"
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l dial-timeout -d 'Time to wait for etcd or ZooKeeper to answer before giving up with status 69 (each endpoint or member gets its share) [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l local-dir -d 'Local backend state directory, owned by you or root and writable by nobody else [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
@@ -61,7 +61,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -s h -l help -d 'Print
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -s V -l version -d 'Print version'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "status" -d 'Who holds NAME (or every lease under the prefix): holder, token, time left, waiters'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-write" -d 'Atomically replace DEST with COMMAND\'s output or stdin, refusing a token lower than one DEST has seen'
-complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd only while the lock key still has the given token'
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fenced-put" -d 'Put KEY VALUE in etcd or ZooKeeper only while the lock key still has the given token'
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -a "fence-sql" -d 'Print the SQL that installs the database fence a job calls first in its transaction'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l name -d 'The lease name, spelled as in the run form: the same as NAME' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d 'Say whether KEY of NAME is done (exit 0) or not (exit 1), as --once KEY would find it' -r
@@ -76,7 +76,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l user -d '
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l zk-auth -d 'How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers\' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]' -r -f -a "digest\t''
 sasl\t''"
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l dial-timeout -d 'Time to wait for etcd or ZooKeeper to answer before giving up with status 69 (each endpoint or member gets its share) [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l local-dir -d 'Local backend state directory [default: /var/lib/leasewrap as root, else $XDG_STATE_HOME/leasewrap, or ~/.local/state/leasewrap without XDG_STATE_HOME]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
@@ -101,10 +101,10 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l user 
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l password-file -d 'File whose first line is the password [env: LEASEWRAP_PASSWORD_FILE; LEASEWRAP_PASSWORD, ETCDCTL_PASSWORD hold it directly]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l zk-auth -d 'How --user and --password-file authenticate to ZooKeeper: digest (addauth digest; ACL id digest:USER:HASH) or sasl (SASL DIGEST-MD5 with the servers\' JAAS users; ACL id sasl:USER) [env: LEASEWRAP_ZK_AUTH] [default: digest]' -r -f -a "digest\t''
 sasl\t''"
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l dial-timeout -d 'Time to wait for etcd to answer before giving up with status 69 [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l dial-timeout -d 'Time to wait for etcd or ZooKeeper to answer before giving up with status 69 (each endpoint or member gets its share) [env: LEASEWRAP_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT] [default: 2s]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"
-complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpoints -d 'etcd endpoints, comma separated; fenced-put needs etcd, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l endpoints -d 'etcd endpoints, comma separated; fenced-put needs etcd or ZooKeeper, it has no local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s q -l quiet -d 'Log errors only'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s v -l verbose -d 'Log more: -v what leasewrap does (INFO: acquired, released, waiting; a successful run is otherwise silent), -vv DEBUG, -vvv everything'
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -s h -l help -d 'Print help (see more with \'--help\')'
