@@ -135,6 +135,15 @@ impl Sandbox {
         Leasewrap::new().local_dir(self.state())
     }
 
+    /// Writes `password` and a newline to `rel`, readable by its owner only (as a password file
+    /// should be, or leasewrap warns), and returns its path.
+    pub fn password_file(&self, rel: &str, password: &str) -> PathBuf {
+        let path = self.path(rel);
+        fs::write(&path, format!("{password}\n")).expect("write the password file");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod 600");
+        path
+    }
+
     /// Writes an executable `#!/bin/sh` script and returns its path.
     pub fn script(&self, rel: &str, body: &str) -> PathBuf {
         let path = self.path(rel);

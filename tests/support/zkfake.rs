@@ -10,6 +10,8 @@
 //! delete, exists (with watches), getData, getChildren2, getACL, sync, a multi of checks, ping,
 //! addauth, closeSession. Every connect and request is recorded ([`Seen`]), so that a test waits
 //! for what happened instead of sleeping. Threads, one a connection; each dies with its socket.
+//! Its jute is its own, not the client's (src/lease/zk/wire.rs): a mistake in one is not copied
+//! into the other.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

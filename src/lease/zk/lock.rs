@@ -133,7 +133,13 @@ async fn report_open_parents(cfg: &ZkConfig, zk: &Zk, parent: &str) {
 /// The child of `parent` whose name starts with `prefix` and that this session owns, if an
 /// earlier create made it.
 async fn find(cfg: &ZkConfig, zk: &Zk, parent: &str, prefix: &str) -> Result<Option<Own>, Error> {
-    let (children, _) = bounded(cfg, parent, cfg.conn.dial_timeout, zk.children(parent)).await?;
+    let listing = client::answered(cfg, parent, zk.children(parent)).await?;
+    let children = match listing {
+        Ok((children, _)) => children,
+        // No parent yet: the create that was lost did not make the node either.
+        Err(e) if e.is(Code::NO_NODE) => return Ok(None),
+        Err(e) => return Err(client::failure(cfg, parent, &e)),
+    };
     let Some(child) = children.into_iter().find(|c| c.starts_with(prefix)) else {
         return Ok(None);
     };

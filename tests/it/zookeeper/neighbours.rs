@@ -5,8 +5,6 @@
 //! a planted node is still never waited for. Each test keeps to a prefix of its own on the
 //! shared server, since ACLs hold for the whole root.
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 
 use super::hold;
@@ -23,15 +21,6 @@ fn own_prefix(test: &str) -> (String, String) {
     (format!("{name}/"), format!("/{name}"))
 }
 
-/// A password file for `password`, readable by its owner only.
-fn password_file(sb: &Sandbox, password: &str) -> PathBuf {
-    let path = sb.path("password");
-    std::fs::write(&path, format!("{password}\n")).expect("write the password file");
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod the password file");
-    path
-}
-
 /// leasewrap on the shared server under `prefix`, authenticated as alice when `sb` is given.
 fn lw(zk: &Zk, prefix: &str, name: &str, sb: Option<&Sandbox>) -> Leasewrap {
     let lw = Leasewrap::new()
@@ -40,7 +29,7 @@ fn lw(zk: &Zk, prefix: &str, name: &str, sb: Option<&Sandbox>) -> Leasewrap {
         .name(name);
     match sb {
         Some(sb) => {
-            let file = password_file(sb, PASSWORD);
+            let file = sb.password_file("password", PASSWORD);
             lw.args(&["--user", USER, "--password-file", file.to_str().unwrap()])
         }
         None => lw,

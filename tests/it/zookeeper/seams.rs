@@ -4,7 +4,6 @@
 //! -124, bytes that are not ZooKeeper's, a step a member never answers, a move answered with
 //! another session id, a connection lost while the chroot is made).
 
-use std::fs;
 use std::time::{Duration, Instant};
 
 use crate::support::http::HttpServer;
@@ -75,9 +74,8 @@ fn a_move_to_a_shorter_timeout_before_the_lease_is_kept_brings_d_down() {
     );
     fake.lift(0);
     let child = a.child();
-    fake.wait_for(STARTUP, "a renewal on member 1", |seen| {
-        requested(seen, 1, 14)
-    });
+    let renewed = fake.saw_within(STARTUP, |seen| requested(seen, 1, 14));
+    assert!(renewed, "no renewal on member 1\n{}", a.run.stderr());
     fake.cue(0, Cue::NotServing);
     fake.cue(1, Cue::StopReading);
     let stopped = Instant::now();
@@ -126,7 +124,7 @@ fn a_check_whose_op_failed_renews_nothing_and_minus_112_loses_the_lease() {
 #[test]
 fn a_connection_closed_during_authentication_is_a_member_that_does_not_serve() {
     let sb = Sandbox::new();
-    let password = password_file(&sb);
+    let password = sb.password_file("password", "secret");
     let auth = |sasl: bool| {
         let mut args = vec![
             "--user",
@@ -178,7 +176,7 @@ fn minus_124_is_77_at_once_naming_zk_auth_sasl() {
     let fake = FakeZk::start(1, MIN, MAX);
     fake.cue(0, Cue::RequireSasl);
     let sb = Sandbox::new();
-    let password = password_file(&sb);
+    let password = sb.password_file("password", "secret");
     let run = Leasewrap::new()
         .on_zookeeper(&fake.connect())
         .name("needs-sasl")
@@ -360,13 +358,4 @@ fn a_connection_lost_while_the_chroot_is_made_is_ridden_out() {
     let status = run.wait_timeout(Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", run.stderr());
     assert!(fake.children("/apps").contains(&"chroot".to_owned()));
-}
-
-/// A password file, readable by its owner only.
-fn password_file(sb: &Sandbox) -> std::path::PathBuf {
-    let path = sb.path("password");
-    fs::write(&path, "secret\n").expect("write the password file");
-    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod the password file");
-    path
 }

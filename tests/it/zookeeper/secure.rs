@@ -118,13 +118,7 @@ fn with_sasl_the_jaas_user_owns_what_leasewrap_creates_and_a_wrong_password_is_7
     let sb = Sandbox::new();
     let prefix = format!("{}/", zookeeper::unique_name("sasl"));
     let root = format!("/{}", prefix.trim_end_matches('/'));
-    let file = |password: &str, name: &str| {
-        let path = sb.path(name);
-        std::fs::write(&path, format!("{password}\n")).unwrap();
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
-        path
-    };
+    let file = |password: &str, name: &str| sb.password_file(name, password);
     let sasl = |password_file: &std::path::Path| {
         Leasewrap::new()
             .on_zookeeper(&s.zk.connect())
@@ -157,21 +151,13 @@ fn with_sasl_the_jaas_user_owns_what_leasewrap_creates_and_a_wrong_password_is_7
     assert!(wrong.stderr.contains("SASL"), "{}", wrong.stderr);
 }
 
-/// A password file holding `password`, readable by its owner only.
-fn password_file(sb: &Sandbox, name: &str, password: &str) -> std::path::PathBuf {
-    let path = sb.path(name);
-    std::fs::write(&path, format!("{password}\n")).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    path
-}
-
 /// A JAAS password that fits ISO 8859-1 (`pässwort`): the server hashes it in ISO 8859-1
 /// (RFC 2831 §2.1.2.1), and so must leasewrap, or the user is refused (77).
 #[test]
 fn a_sasl_password_in_iso_8859_1_authenticates() {
     let s = zookeeper::shared_secure();
     let sb = Sandbox::new();
-    let file = password_file(&sb, "latin1", Secure::LATIN1_PASSWORD);
+    let file = sb.password_file("latin1", Secure::LATIN1_PASSWORD);
     let run = Leasewrap::new()
         .on_zookeeper(&s.zk.connect())
         .args(&[
@@ -193,7 +179,7 @@ fn a_sasl_password_in_iso_8859_1_authenticates() {
 fn an_ensemble_that_requires_sasl_refuses_a_digest_user_with_77_naming_zk_auth_sasl() {
     let (zk, _files) = zookeeper::start_enforcing_sasl();
     let sb = Sandbox::new();
-    let file = password_file(&sb, "bob", Secure::SASL_PASSWORD);
+    let file = sb.password_file("bob", Secure::SASL_PASSWORD);
     let run = |scheme: &str| {
         Leasewrap::new()
             .on_zookeeper(&zk.connect())
