@@ -53,6 +53,8 @@ pub trait Server: Sync {
     fn lock_waiters(&self, db: &str, fragment: &str) -> usize;
     /// The client's exit status when a statement of its script fails.
     fn failed_status(&self) -> &'static str;
+    /// The fence's table, as the administrator names it.
+    fn fence_table(&self) -> &'static str;
 }
 
 /// Waits until a session of `db` waits on a lock in a statement that contains `fragment`.
@@ -232,7 +234,8 @@ pub fn report(server: &dyn Server, db: &str) -> String {
 /// The token the fence records for `lease`, empty when none.
 pub fn recorded(server: &dyn Server, db: &Db) -> String {
     let sql = format!(
-        "SELECT token FROM leasewrap.fence WHERE name = '{}'",
+        "SELECT token FROM {} WHERE name = '{}'",
+        server.fence_table(),
         db.lease
     );
     let rows = server.rows(&db.name, &sql);

@@ -118,7 +118,7 @@ COMMIT;
         let like = |text: &str| text.replace('\\', "\\\\").replace('\'', "\\'");
         let sql = format!(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE TIME_MS > 200 \
-             AND INFO LIKE '%FOR UPDATE%' AND INFO LIKE CONCAT('%', '{}', '%') \
+             AND INFO LIKE '%ON DUPLICATE KEY UPDATE%' AND INFO LIKE CONCAT('%', '{}', '%') \
              AND INFO LIKE CONCAT('%', '{}', '%')",
             like(db),
             like(fragment)
@@ -128,6 +128,10 @@ COMMIT;
 
     fn failed_status(&self) -> &'static str {
         "1"
+    }
+
+    fn fence_table(&self) -> &'static str {
+        "leasewrap.fence"
     }
 }
 

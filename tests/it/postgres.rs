@@ -21,6 +21,9 @@ use crate::support::{assert_exit, q, wait_for_file, Leasewrap, Output, Sandbox};
 /// The shipped file that `fence-sql postgres` prints.
 pub const FENCE_SQL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/postgres-fence.sql");
 
+/// Where the fence's rows are, in a schema no job may use.
+pub const FENCE_TABLE: &str = "leasewrap_data.fence";
+
 /// The job's tables (see `dbfence::Db`).
 const REPORT_TABLES: &str = "
 CREATE TABLE report (id int PRIMARY KEY, total int NOT NULL, who text NOT NULL, token numeric NOT NULL);
@@ -129,6 +132,10 @@ COMMIT;
     fn failed_status(&self) -> &'static str {
         "3"
     }
+
+    fn fence_table(&self) -> &'static str {
+        FENCE_TABLE
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -235,12 +242,12 @@ fn on_conflict_do_update_locks_the_row_even_when_its_where_is_false() {
     let (name, lease) = (&db.name, &db.lease);
     pg.0.psql_ok(name, &format!("SELECT leasewrap.fence('{lease}', 5)"));
     let stale_upsert = format!(
-        "INSERT INTO leasewrap.fence AS f (name, token) VALUES ('{lease}', 3) \
+        "INSERT INTO leasewrap_data.fence AS f (name, token) VALUES ('{lease}', 3) \
          ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token;"
     );
     let holding = session_holding(&sb, (pg.0, name), "S", &stale_upsert);
     let locked =
-        format!("SELECT token FROM leasewrap.fence WHERE name = '{lease}' FOR UPDATE NOWAIT");
+        format!("SELECT token FROM {FENCE_TABLE} WHERE name = '{lease}' FOR UPDATE NOWAIT");
     let out = pg.0.psql(name, &locked);
     assert!(
         out.stderr.contains("55P03"),

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::{install, pg, role, FENCE_SQL};
+use super::{install, pg, role, FENCE_SQL, FENCE_TABLE};
 use crate::dbfence::Server as _;
 use crate::dbfence::BOUND;
 use crate::support::postgres::{self, Postgres};
@@ -22,11 +22,17 @@ fn install_output(pg: &Postgres, db: &str) -> crate::support::Output {
     pg.psql_file(db, &[], Path::new(FENCE_SQL))
 }
 
+/// Version 3 installed, with the fence's lock_timeout `lock_timeout`.
+fn version_3(lock_timeout: &str) -> (String, String) {
+    let settings = format!("search_path=pg_catalog, pg_temp;lock_timeout={lock_timeout}");
+    ("3".to_owned(), settings)
+}
+
 /// The installed version and the function's settings.
 fn installed(pg: &Postgres, db: &str) -> (String, String) {
     let version = pg.psql_ok(
         db,
-        "SELECT string_agg(version::text, ',') FROM leasewrap.installed",
+        "SELECT string_agg(version::text, ',') FROM leasewrap_data.installed",
     );
     let settings = "SELECT array_to_string(proconfig, ';') FROM pg_proc \
                     WHERE oid = 'leasewrap.fence(text, text)'::regprocedure";
@@ -60,14 +66,12 @@ fn the_upgrade_from_version_1_keeps_tokens_and_reads_but_takes_the_jobs_table_wr
     let (db, job, monitor) = version_1_in_use(pg);
     let out = install_output(pg, &db);
     assert!(out.status.success(), "{}", out.stderr);
-    let warned =
-        format!("role {job} may no longer write leasewrap.fence, and may fence every name");
-    assert!(out.stderr.contains(&warned), "{}", out.stderr);
-    let v2 = (
-        "2".to_owned(),
-        "search_path=pg_catalog, pg_temp;lock_timeout=2min".to_owned(),
+    let warned = format!(
+        "role {job} may no longer write the fence table, and may fence every name: \
+         tie it to its own with leasewrap.allow('{job}', NAME) and leasewrap.disallow('{job}', '*')"
     );
-    assert_eq!(installed(pg, &db), v2);
+    assert!(out.stderr.contains(&warned), "{}", out.stderr);
+    assert_eq!(installed(pg, &db), version_3("2min"));
     let as_job = |sql: &str| pg.psql_as(&job, &db, sql);
     let stale = as_job("SELECT leasewrap.fence('report', 6)").stderr;
     assert!(
@@ -78,13 +82,13 @@ fn the_upgrade_from_version_1_keeps_tokens_and_reads_but_takes_the_jobs_table_wr
         as_job("SELECT leasewrap.fence('report', 8)").stdout.trim(),
         "8"
     );
-    let write = as_job("UPDATE leasewrap.fence SET token = 0");
+    let write = as_job(&format!("UPDATE {FENCE_TABLE} SET token = 0"));
     assert!(write.stderr.contains("42501"), "{}", write.stderr);
-    let read = pg.psql_as(&monitor, &db, "SELECT token FROM leasewrap.fence");
+    let read = pg.psql_as(&monitor, &db, "SELECT token FROM leasewrap.fences()");
     assert_eq!(
         read.stdout.trim(),
         "8",
-        "the administrator's read grant is kept: {}",
+        "the administrator's reader reads with fences(): {}",
         read.stderr
     );
     let owner = "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'leasewrap'";
@@ -99,17 +103,13 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
     pg.0.psql_ok(
         &db.name,
         &format!(
-        "GRANT USAGE ON SCHEMA leasewrap TO {monitor}; GRANT SELECT ON leasewrap.fence TO {monitor};
+        "GRANT USAGE ON SCHEMA leasewrap TO {monitor}; GRANT EXECUTE ON FUNCTION leasewrap.fences() TO {monitor};
          ALTER FUNCTION leasewrap.fence(text, text) SET lock_timeout = '7s';
          SELECT leasewrap.fence('{}', 3);", db.lease
     ),
     );
     install(pg.0, &db.name);
-    let expected = (
-        "2".to_owned(),
-        "search_path=pg_catalog, pg_temp;lock_timeout=7s".to_owned(),
-    );
-    assert_eq!(installed(pg.0, &db.name), expected);
+    assert_eq!(installed(pg.0, &db.name), version_3("7s"));
     let fence = pg.0.psql_as(
         &db.job,
         &db.name,
@@ -122,7 +122,7 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
         fence.stderr
     );
     let read =
-        pg.0.psql_as(&monitor, &db.name, "SELECT token FROM leasewrap.fence");
+        pg.0.psql_as(&monitor, &db.name, "SELECT token FROM leasewrap.fences()");
     assert_eq!(read.stdout.trim(), "4", "{}", read.stderr);
     let public =
         "SELECT has_function_privilege('public', 'leasewrap.fence(text, text)', 'EXECUTE')";
@@ -135,12 +135,12 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
 fn a_bigint_token_column_is_refused_with_the_statement_that_fixes_it() {
     let pg = postgres::shared();
     let db = pg.database("bigint");
-    pg.psql_ok(&db, "CREATE SCHEMA leasewrap; CREATE TABLE leasewrap.fence (name text PRIMARY KEY, token bigint NOT NULL)");
+    pg.psql_ok(&db, "CREATE SCHEMA leasewrap; CREATE TABLE leasewrap.fence (name text PRIMARY KEY, token bigint NOT NULL, fenced_at timestamptz NOT NULL DEFAULT now())");
     let out = install_output(pg, &db);
     assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("leasewrap.fence.token is bigint, not numeric(20,0)"),
+            .contains("the fence table's token is bigint, not numeric(20,0)"),
         "{}",
         out.stderr
     );
@@ -163,12 +163,12 @@ fn a_bigint_token_column_is_refused_with_the_statement_that_fixes_it() {
 fn a_newer_installed_version_is_refused() {
     let pg = pg();
     let db = pg.report_db("newer");
-    pg.0.psql_ok(&db.name, "UPDATE leasewrap.installed SET version = 3");
+    pg.0.psql_ok(&db.name, "UPDATE leasewrap_data.installed SET version = 4");
     let out = install_output(pg.0, &db.name);
     assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("version 3 is installed, and this script is version 2"),
+            .contains("version 4 is installed, and this script is version 3"),
         "{}",
         out.stderr
     );
@@ -202,7 +202,7 @@ fn the_fence_owner_owns_only_the_fence_and_one_that_can_log_in_is_refused() {
     let elsewhere =
         "SELECT count(*) FROM pg_shdepend AS s, pg_identify_object(s.classid, s.objid, 0) AS o \
         WHERE s.refobjid = 'leasewrap_fence'::regrole AND s.deptype = 'o' \
-        AND coalesce(o.schema, o.identity) <> 'leasewrap'";
+        AND coalesce(o.schema, o.identity) NOT IN ('leasewrap', 'leasewrap_data')";
     assert_eq!(
         pg.psql_ok(&db, elsewhere),
         "0",

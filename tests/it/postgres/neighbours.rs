@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{install, pg, role, FENCE_SQL};
+use super::{install, pg, role, FENCE_SQL, FENCE_TABLE};
 use crate::dbfence::{self, Server, BOUND};
 use crate::support::postgres::{Postgres, PSQL};
 use crate::support::{q, run_bounded, wait_until, Sandbox};
@@ -115,11 +115,11 @@ fn another_job_s_role_cannot_reset_poison_or_rename_a_name_it_was_not_given() {
         .status
         .success());
     let attacks = [
-        format!("UPDATE leasewrap.fence SET token = 0 WHERE name = '{b_name}'"),
+        format!("UPDATE {FENCE_TABLE} SET token = 0 WHERE name = '{b_name}'"),
         format!("SELECT leasewrap.fence('{b_name}', 18446744073709551615)"),
-        format!("UPDATE leasewrap.fence SET name = 'elsewhere' WHERE name = '{b_name}'"),
-        format!("DELETE FROM leasewrap.fence WHERE name = '{b_name}'"),
-        format!("INSERT INTO leasewrap.allowed VALUES ('{}', '*')", db.job),
+        format!("UPDATE {FENCE_TABLE} SET name = 'elsewhere' WHERE name = '{b_name}'"),
+        format!("DELETE FROM {FENCE_TABLE} WHERE name = '{b_name}'"),
+        format!("INSERT INTO leasewrap_data.allowed VALUES ('{}', '*')", db.job),
         format!("SELECT leasewrap.allow('{}', '*')", db.job),
         "CREATE OR REPLACE FUNCTION leasewrap.fence(name text, token text) RETURNS numeric LANGUAGE sql AS 'SELECT 0::numeric'".into(),
         "ALTER FUNCTION leasewrap.fence(text, text) RESET lock_timeout".into(),
