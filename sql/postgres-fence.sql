@@ -532,7 +532,7 @@ BEGIN
         CONTINUE WHEN NOT grant_it AND made.kind = 'schema'
             AND EXISTS (SELECT FROM leasewrap_data.objects AS g
                         WHERE g.for_whom = 'granted'
-                          AND has_function_privilege(role, g.identity, 'EXECUTE'));
+                          AND has_function_privilege(role, to_regprocedure(g.identity), 'EXECUTE'));
         EXECUTE format(CASE WHEN grant_it THEN 'GRANT %s ON %s %s TO %s' ELSE 'REVOKE %s ON %s %s FROM %s' END,
                        CASE made.kind WHEN 'schema' THEN 'USAGE' ELSE 'EXECUTE' END,
                        upper(made.kind), made.identity, role);
@@ -679,6 +679,7 @@ BEGIN
         SELECT DISTINCT a.attrelid::regclass AS table_made, a.attname, acl.grantee
         FROM leasewrap_data.objects AS o, pg_catalog.pg_attribute AS a, aclexplode(a.attacl) AS acl
         WHERE o.kind = 'table' AND a.attrelid = pg_catalog.to_regclass(o.identity)
+          AND (NOT fresh OR a.attrelid NOT IN (SELECT e.objid FROM pg_temp.leasewrap_existed AS e))
     LOOP
         EXECUTE format('REVOKE ALL (%I) ON TABLE %s FROM %s CASCADE', entry.attname, entry.table_made,
                        CASE WHEN entry.grantee = 0 THEN 'PUBLIC' ELSE entry.grantee::regrole::text END);

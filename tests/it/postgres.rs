@@ -8,7 +8,9 @@
 //! role of their own that may fence the test's lease name only.
 
 mod install;
+mod locks;
 mod neighbours;
+mod rights;
 
 use std::fs;
 use std::path::Path;
@@ -42,6 +44,14 @@ pub fn pg() -> Pg {
 pub fn install(pg: &Postgres, db: &str) {
     let out = pg.psql_file(db, &[], Path::new(FENCE_SQL));
     assert!(out.status.success(), "installing the fence: {}", out.stderr);
+}
+
+/// The fence table of `db`, wherever the installed version keeps it (leasewrap_data.fence; an
+/// earlier version's leasewrap.fence), for attacks that must reach it on any version.
+pub fn fence_table_of(pg: &Postgres, db: &str) -> String {
+    let sql =
+        "SELECT coalesce(to_regclass('leasewrap_data.fence'), to_regclass('leasewrap.fence'))";
+    pg.psql_ok(db, sql)
 }
 
 /// A login role of the test's own (roles are the server's, not the database's).

@@ -220,3 +220,109 @@ fn the_fence_owner_owns_only_the_fence_and_one_that_can_log_in_is_refused() {
         out.stderr
     );
 }
+
+/// Version 1 with what its jobs could do through `GRANT ALL` and column grants: `all` made a
+/// trigger on the table with its TRIGGER right; `columns` may insert (name, token) and update
+/// (token, fenced_at).
+fn version_1_with_write_paths(pg: &Postgres) -> (String, String, String) {
+    let db = pg.database("v1_paths");
+    let out = pg.psql_file(&db, &[], Path::new(VERSION_1));
+    assert!(out.status.success(), "{}", out.stderr);
+    let (all, columns) = (role(pg, &db, "all"), role(pg, &db, "columns"));
+    pg.psql_ok(
+        &db,
+        &format!(
+        "GRANT USAGE ON SCHEMA leasewrap TO {all}, {columns}; GRANT ALL ON leasewrap.fence TO {all};
+         GRANT INSERT (name, token), UPDATE (token, fenced_at) ON leasewrap.fence TO {columns};
+         CREATE SCHEMA jobs AUTHORIZATION {all};"
+    ),
+    );
+    let trigger = "CREATE FUNCTION jobs.zero() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN NEW.token := 0; RETURN NEW; END';
+                   CREATE TRIGGER zero BEFORE UPDATE ON leasewrap.fence FOR EACH ROW EXECUTE FUNCTION jobs.zero();";
+    let made = pg.psql_as(&all, &db, trigger);
+    assert!(made.status.success(), "{}", made.stderr);
+    (db, all, columns)
+}
+
+/// The upgrade refuses the version 1 job's trigger by name (it would fire inside every fence,
+/// as the fence's owner); once it is dropped, every right of the jobs on the table goes, column
+/// grants included, and each role that could write is tied to * with a warning whose statements
+/// run as printed.
+#[test]
+fn the_upgrade_from_version_1_refuses_its_trigger_and_leaves_no_write_path() {
+    let pg = postgres::shared();
+    let (db, all, columns) = version_1_with_write_paths(pg);
+    let out = install_output(pg, &db);
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("trigger zero on leasewrap.fence"),
+        "{}",
+        out.stderr
+    );
+    pg.psql_ok(&db, "DROP TRIGGER zero ON leasewrap.fence");
+    let out = install_output(pg, &db);
+    assert!(out.status.success(), "{}", out.stderr);
+    for role in [&all, &columns] {
+        let tie = format!("leasewrap.allow('{role}', NAME) and leasewrap.disallow('{role}', '*')");
+        assert!(out.stderr.contains(&tie), "{tie}: {}", out.stderr);
+        let fence = super::fence_table_of(pg, &db);
+        for write in [
+            format!("UPDATE {fence} SET token = 0"),
+            format!("INSERT INTO {fence} (name, token) VALUES ('planted', 1)"),
+        ] {
+            let refused = pg.psql_as(role, &db, &write);
+            assert!(
+                refused.stderr.contains("42501"),
+                "{role}: {write}: {}",
+                refused.stderr
+            );
+        }
+    }
+    assert_eq!(
+        super::rights::rights(pg, &db),
+        super::rights::documented(&[&all, &columns])
+    );
+}
+
+/// A role dropped after it was tied (DROP OWNED BY, DROP ROLE) leaves its tie behind: disallow()
+/// takes it by the role's OID, and a re-run removes the others, naming them.
+#[test]
+fn a_tie_to_a_dropped_role_goes_with_disallow_and_with_a_re_run() {
+    let pg = pg();
+    let db = pg.report_db("dropped");
+    let (gone, gone_too) = (
+        role(pg.0, &db.name, "gone"),
+        role(pg.0, &db.name, "gone_too"),
+    );
+    let ties = format!("SELECT leasewrap.allow('{gone}', 'x'), leasewrap.allow('{gone_too}', 'y')");
+    pg.0.psql_ok(&db.name, &ties);
+    let oids = format!("SELECT '{gone}'::regrole::oid || ' ' || '{gone_too}'::regrole::oid");
+    let oids = pg.0.psql_ok(&db.name, &oids);
+    let (oid, oid_too) = oids.split_once(' ').unwrap();
+    pg.0.psql_ok(
+        &db.name,
+        &format!("DROP OWNED BY {gone}, {gone_too}; DROP ROLE {gone}, {gone_too}"),
+    );
+    let out = pg.0.psql(
+        &db.name,
+        &format!("SELECT leasewrap.disallow('{oid}', 'x')"),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    let out = install_output(pg.0, &db.name);
+    assert!(out.status.success(), "{}", out.stderr);
+    let removed =
+        format!("the role whose OID was {oid_too} has been dropped; its tie to y is removed");
+    assert!(out.stderr.contains(&removed), "{}", out.stderr);
+    let ties = pg.0.psql_ok(
+        &db.name,
+        "SELECT string_agg(names, ',') FROM leasewrap_data.allowed",
+    );
+    assert_eq!(ties, db.lease, "only the job's tie is left");
+    let last = format!("SELECT leasewrap.disallow('{}', '{}')", db.job, db.lease);
+    pg.0.psql_ok(&db.name, &last);
+    assert_eq!(
+        super::rights::rights(pg.0, &db.name),
+        super::rights::documented(&[]),
+        "the grants went with the last tie"
+    );
+}

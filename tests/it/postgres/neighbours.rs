@@ -394,3 +394,50 @@ fn the_readme_s_install_line_exits_non_zero_when_the_install_fails() {
         out.stderr
     );
 }
+
+/// Two teams whose ties cover one name (a* and ab): each may record a token that stops the
+/// other's holders, and allow() says so when the second tie is made, naming both; ties that
+/// cover no common name (a* and b*) get no warning.
+#[test]
+fn allow_warns_when_another_role_s_tie_covers_a_name_of_the_new_one() {
+    let pg = pg();
+    let db = pg.report_db("overlap");
+    let (a, b) = (
+        role(pg.0, &db.name, "team_a"),
+        role(pg.0, &db.name, "team_b"),
+    );
+    let lease = &db.lease;
+    let allow = |role: &str, names: &str| {
+        let out = pg.0.psql(
+            &db.name,
+            &format!("SELECT leasewrap.allow('{role}', '{names}')"),
+        );
+        assert!(out.status.success(), "{}", out.stderr);
+        out.stderr
+    };
+    assert_eq!(
+        allow(&a, &format!("{lease}.a*")),
+        "",
+        "the first tie overlaps nothing"
+    );
+    let warned = allow(&b, &format!("{lease}.ab"));
+    let both = format!("role {b} ({lease}.ab) and role {a} ({lease}.a*) may both fence a name");
+    assert!(warned.contains(&both), "{warned}");
+    let poison = format!("SELECT leasewrap.fence('{lease}.ab', 18446744073709551615)");
+    assert!(pg.0.psql_as(&a, &db.name, &poison).status.success());
+    let stopped = pg.0.psql_as(
+        &b,
+        &db.name,
+        &format!("SELECT leasewrap.fence('{lease}.ab', 5)"),
+    );
+    assert!(
+        stopped.stderr.contains("LWF01"),
+        "team a stopped team b's name: {}",
+        stopped.stderr
+    );
+    assert_eq!(
+        allow(&b, &format!("{lease}.b*")),
+        "",
+        "b* and a* cover no common name"
+    );
+}
