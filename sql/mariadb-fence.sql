@@ -20,7 +20,7 @@
 -- an older holder's transaction (at most innodb_lock_wait_timeout, then error 1205) and then
 -- sees what it committed. A token lower than the one recorded is refused with SQLSTATE LWF01
 -- before the transaction writes anything; bad input with LWF02; a call outside a transaction,
--- or in a read-only one, with LWF03; a user not allowed NAME with 42000. Their error numbers are
+-- in a read-only one or with autocommit off, with LWF03; a user not allowed NAME with 42000. Their error numbers are
 -- 9101, 9102, 9103 and 9104, for drivers that show no SQLSTATE. An equal token is allowed.
 --
 -- A statement that commits on its own (DDL, TRUNCATE, LOCK TABLES, START TRANSACTION, SET
@@ -274,11 +274,17 @@ BEGIN
         SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT = message;
     END IF;
     SET wanted = p_token;
-    -- Outside a transaction (autocommit, no START TRANSACTION) the row lock would end with this
-    -- call, and the job's writes after it would not be fenced.
-    IF @@autocommit = 1 AND @@in_transaction = 0 THEN
+    -- Outside a transaction the row lock would end with this call. With autocommit off, a later
+    -- SET autocommit = 1 would commit the transaction, and MariaDB runs the one statement after
+    -- it with this transaction's characteristics, not the session's read-only ones: it would
+    -- write unfenced. With autocommit on, SET autocommit = 1 changes nothing.
+    IF @@autocommit = 0 THEN
         SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
-            'leasewrap.fence: called outside a transaction: START TRANSACTION first (or SET autocommit = 0), then the fence, the writes and COMMIT';
+            'leasewrap.fence: called with autocommit off, where a later SET autocommit = 1 would end the fence: SET autocommit = 1, then START TRANSACTION, the fence, the writes and COMMIT';
+    END IF;
+    IF @@in_transaction = 0 THEN
+        SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
+            'leasewrap.fence: called outside a transaction: START TRANSACTION first, then the fence, the writes and COMMIT';
     END IF;
     IF NOT tied AND NOT leasewrap.may_use(caller, p_name) THEN
         SET message = CONCAT('leasewrap.fence: user ', JSON_QUOTE(caller), ' may not fence "',

@@ -438,6 +438,9 @@ pub fn bad_text_input(lease: &str) -> Vec<(String, String, String)> {
         (" ", "\" \""),
         ("a\n", "\"a\\n\""),
         ("é", "\"é\""),
+        // Letters only a case-insensitive comparison takes for K and s.
+        ("a\u{212A}", "\"a\u{212A}\""),
+        ("a\u{17F}", "\"a\u{17F}\""),
     ] {
         cases.push((name.into(), "7".into(), not_a_name(shown)));
     }

@@ -8,6 +8,8 @@
 //! every test has a database, a job user and a lease name of its own. Tests that install or
 //! must change the server's own state start a server of their own.
 
+mod commits;
+mod install;
 mod neighbours;
 
 use std::fs;
@@ -371,7 +373,7 @@ fn bad_input_gets_lwf02_or_a_documented_sqlstate_and_nothing_is_written() {
     assert!(autocommit.stderr.contains(outside), "{}", autocommit.stderr);
     assert_eq!(dbfence::recorded(&maria, &db), "0", "as allow() made it");
     let top = format!(
-        "SET autocommit = 0; CALL leasewrap.fence('{lease}', 18446744073709551615); COMMIT;"
+        "START TRANSACTION; CALL leasewrap.fence('{lease}', 18446744073709551615); COMMIT;"
     );
     let out = maria.0.sql_as(&db.job, &db.name, &top);
     assert!(
@@ -412,7 +414,7 @@ fn an_option_file_with_force_does_not_defeat_the_documented_job_line() {
     fs::write(sb.path(".my.cnf"), "[client]\nforce\n[mariadb]\nforce\n").unwrap();
     let script = dbfence::holder_sql(&maria, &sb, "stale", 1, dbfence::Pause::Nowhere);
     let fence9 = format!(
-        "SET autocommit = 0; CALL leasewrap.fence('{}', 9); COMMIT;",
+        "START TRANSACTION; CALL leasewrap.fence('{}', 9); COMMIT;",
         db.lease
     );
     assert!(maria.0.sql_as(&db.job, &db.name, &fence9).status.success());
