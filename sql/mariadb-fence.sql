@@ -152,6 +152,10 @@ BEGIN NOT ATOMIC
                            u.Drop_priv, u.Grant_priv, u.Index_priv, u.Alter_priv, u.Super_priv,
                            u.Lock_tables_priv, u.Create_routine_priv, u.Alter_routine_priv,
                            u.Create_user_priv, u.Trigger_priv, u.Delete_history_priv)
+                   -- SET USER (1 << 30): it makes objects whose definer is any account.
+                   OR EXISTS (SELECT 1 FROM mysql.global_priv AS g
+                              WHERE g.User = u.User AND g.Host = u.Host
+                                AND CAST(JSON_VALUE(g.Priv, '$.access') AS UNSIGNED) & 1073741824 <> 0)
                    OR EXISTS (SELECT 1 FROM mysql.db AS d
                               WHERE d.User = u.User AND d.Host = u.Host AND 'mysql' LIKE d.Db
                                 AND 'Y' IN (d.Insert_priv, d.Update_priv, d.Delete_priv, d.Create_priv,

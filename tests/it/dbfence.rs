@@ -703,3 +703,32 @@ pub fn jobs_run_by_leasewrap_record_their_tokens(server: &dyn Server, lease: Lea
     assert_eq!(recorded(server, &db), tokens[1].to_string());
     assert_eq!(report(server, &db.name), "2 by second");
 }
+
+/// The block of docs/fencing.md whose marker names `test` (the test that checks it), or each
+/// of them in order.
+pub fn documented_blocks(test: &str) -> Vec<String> {
+    let blocks = crate::docs::examples::markdown("docs/fencing.md").into_iter();
+    let named = blocks.filter(|e| e.marks.iter().any(|m| m.contains(test)));
+    let found: Vec<String> = named.map(|e| e.text).collect();
+    assert!(
+        !found.is_empty(),
+        "docs/fencing.md has no block marked for {test}"
+    );
+    found
+}
+
+/// The fenced transaction of docs/fencing.md that starts with `first` (BEGIN or START
+/// TRANSACTION), written to a script file of `sb`.
+pub fn documented_transaction(sb: &Sandbox, first: &str) -> PathBuf {
+    let blocks = crate::docs::examples::markdown("docs/fencing.md").into_iter();
+    let found = blocks
+        .map(|e| e.text)
+        .find(|t| t.starts_with(&format!("{first};\n")) && t.contains("leasewrap.fence("));
+    let path = sb.path("documented.sql");
+    fs::write(
+        &path,
+        found.expect("docs/fencing.md has the job's transaction"),
+    )
+    .unwrap();
+    path
+}
