@@ -82,7 +82,8 @@ BEGIN NOT ATOMIC
             SELECT CONCAT(LOWER(ROUTINE_TYPE), ' ', ROUTINE_SCHEMA, '.', ROUTINE_NAME)
                 FROM information_schema.ROUTINES
                 WHERE (ROUTINE_SCHEMA = 'leasewrap'
-                       AND ROUTINE_NAME NOT IN ('fence', 'fences', 'allow', 'disallow', 'grant_fence', 'may_use', 'covers'))
+                       AND ROUTINE_NAME NOT IN ('fence', 'fences', 'allow', 'disallow', 'grant_fence', 'may_use',
+                                            'covers', 'check_call'))
                    OR (ROUTINE_SCHEMA <> 'leasewrap' AND DEFINER = 'leasewrap_fence@localhost')
             UNION ALL
             SELECT CONCAT('trigger ', TRIGGER_SCHEMA, '.', TRIGGER_NAME) FROM information_schema.TRIGGERS
@@ -237,81 +238,100 @@ SQL SECURITY DEFINER
 RETURN EXISTS (SELECT 1 FROM leasewrap.allowed AS a
                WHERE a.user = p_user AND leasewrap.covers(a.names, p_name)) //
 
--- The fence. Every bad input gets LWF02: both arguments are taken as text, compared byte for
--- byte (a case-insensitive collation would let the Kelvin sign pass for K), and checked here,
--- a name by leasewrap's own rule for lease names, a token as a decimal u64.
+-- The checks of a fence's call that is not the common case, in the order their errors come: a
+-- lease name (LWF02), a token (LWF02; the fence has checked it: p_token_ok), a transaction with
+-- autocommit on (LWF03), a tie of the calling user's (p_caller) that covers NAME (42000).
+-- Returns when all pass. Both arguments are compared byte for byte: a case-insensitive collation
+-- would take the Kelvin sign for a K.
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
-PROCEDURE leasewrap.fence(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
-                          IN p_token LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
-MODIFIES SQL DATA
+PROCEDURE leasewrap.check_call(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_token LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_token_ok BOOLEAN,
+                               IN p_caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+READS SQL DATA
 SQL SECURITY DEFINER
 BEGIN
-    DECLARE wanted BIGINT UNSIGNED;
-    DECLARE stored BIGINT UNSIGNED;
     DECLARE message TEXT CHARACTER SET utf8mb4;
-    -- USER() is the account that logged in (CURRENT_USER() here is the definer); the user
-    -- name is what comes before its last @.
-    DECLARE caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
-        DEFAULT LEFT(USER(), CHAR_LENGTH(USER()) - LOCATE('@', REVERSE(USER())));
-    -- NAME in the column's own type: compared with a utf8mb4 value, the key could not be used.
-    DECLARE lease VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin;
-    -- A tie of NAME itself, the common case, is looked up by its key: NAME is then a lease name
-    -- (the tie's CHECK says so). Otherwise NAME is checked, and then every tie of the user.
-    DECLARE tied BOOLEAN DEFAULT FALSE;
-    DECLARE EXIT HANDLER FOR 1792
-        SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
-            'leasewrap.fence: called in a read-only transaction (after a fence, the session''s later transactions are read-only): start a fenced transaction with START TRANSACTION READ WRITE';
-    SET tied = EXISTS (SELECT 1 FROM leasewrap.allowed AS a WHERE a.user = caller AND a.names = p_name);
-    IF NOT tied AND (p_name IS NULL OR p_name NOT REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z') THEN
+    IF p_name IS NULL OR p_name NOT REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z' THEN
         SET message = CONCAT('leasewrap.fence: the lease name ',
             IFNULL(JSON_QUOTE(LEFT(p_name, 64)), 'NULL'),
             IF(CHAR_LENGTH(p_name) > 64, CONCAT(' (', CHAR_LENGTH(p_name), ' characters)'), ''),
             ' is not 1 to 128 ASCII letters, digits and ._-@:+=');
         SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT = message;
     END IF;
-    -- Digits only, 1 to 20 of them, at most 2^64-1: what CAST reads back as the same digits.
-    IF p_token IS NULL OR CHAR_LENGTH(p_token) NOT BETWEEN 1 AND 20
-       OR LPAD(CAST(p_token AS UNSIGNED), CHAR_LENGTH(p_token), '0') <> p_token THEN
+    IF NOT p_token_ok THEN
         SET message = CONCAT('leasewrap.fence: fencing token ',
             IFNULL(JSON_QUOTE(LEFT(p_token, 64)), 'NULL'), ' for "', p_name,
             '" is not a whole number from 0 to 18446744073709551615');
         SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT = message;
     END IF;
-    SET wanted = p_token;
-    -- Outside a transaction the row lock would end with this call. With autocommit off, a later
-    -- SET autocommit = 1 would commit the transaction, and MariaDB runs the one statement after
-    -- it with this transaction's characteristics, not the session's read-only ones: it would
-    -- write unfenced. With autocommit on, SET autocommit = 1 changes nothing.
+    -- With autocommit off, a later SET autocommit = 1 would commit the transaction, and MariaDB
+    -- runs the one statement after it with this transaction's characteristics, not the
+    -- session's read-only ones: it would write unfenced. With autocommit on it changes nothing.
     IF @@autocommit = 0 THEN
         SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
             'leasewrap.fence: called with autocommit off, where a later SET autocommit = 1 would end the fence: SET autocommit = 1, then START TRANSACTION, the fence, the writes and COMMIT';
     END IF;
+    -- Outside a transaction the row lock would end with this call.
     IF @@in_transaction = 0 THEN
         SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
             'leasewrap.fence: called outside a transaction: START TRANSACTION first, then the fence, the writes and COMMIT';
     END IF;
-    IF NOT tied AND NOT leasewrap.may_use(caller, p_name) THEN
-        SET message = CONCAT('leasewrap.fence: user ', JSON_QUOTE(caller), ' may not fence "',
+    IF NOT leasewrap.may_use(p_caller, p_name) THEN
+        SET message = CONCAT('leasewrap.fence: user ', JSON_QUOTE(p_caller), ' may not fence "',
             p_name, '": an administrator ties names to users with CALL leasewrap.allow(user, names)');
         SIGNAL SQLSTATE '42000' SET MYSQL_ERRNO = 9104, MESSAGE_TEXT = message;
     END IF;
-    SET lease = p_name;
+END //
+
+-- The fence. Every bad input gets LWF02: both arguments are taken as text and checked, a name by
+-- leasewrap's own rule for lease names, a token as a decimal u64.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.fence(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                          IN p_token LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+MODIFIES SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    -- USER() is the account that logged in (CURRENT_USER() here is the definer); the user name
+    -- is what comes before its last @.
+    DECLARE caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
+        DEFAULT LEFT(USER(), CHAR_LENGTH(USER()) - LOCATE('@', REVERSE(USER())));
+    -- A fencing token: 1 to 20 digits, at most 2^64-1.
+    DECLARE token_ok BOOLEAN DEFAULT IFNULL(p_token REGEXP '^[0-9]{1,20}\\z'
+        AND NOT (CHAR_LENGTH(p_token) = 20 AND p_token > '18446744073709551615'), FALSE);
+    DECLARE stored BIGINT UNSIGNED;
+    DECLARE message TEXT CHARACTER SET utf8mb4;
+    DECLARE EXIT HANDLER FOR 1792
+        SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
+            'leasewrap.fence: called in a read-only transaction (after a fence, the session''s later transactions are read-only): start a fenced transaction with START TRANSACTION READ WRITE';
+    -- Each statement here costs about what the job's own one-row update does, so the common case
+    -- takes one test: a token, a transaction with autocommit on, and a tie of the calling user's
+    -- to NAME itself (so NAME is a lease name: the tie's CHECK says so), looked up by its key.
+    -- Anything else is checked by check_call(), whose errors come in their order.
+    IF NOT (token_ok AND @@autocommit = 1 AND @@in_transaction = 1
+            AND EXISTS (SELECT 1 FROM leasewrap.allowed AS a
+                        WHERE a.user = caller AND a.names = CONVERT(p_name USING ascii) COLLATE ascii_bin)) THEN
+        CALL leasewrap.check_call(p_name, p_token, token_ok, caller);
+    END IF;
     -- NAME's row, made or locked in one statement. On a row that exists it locks that row alone
     -- (exclusively, until the transaction ends): it waits for the transaction that holds the
     -- row and reads the newest committed token, whatever this transaction's snapshot, and a
     -- refused fence keeps the row locked too. A missing row is inserted: no gap of the index
     -- is locked, so a first fence of a new name waits for no other name's. The token moves only
-    -- up; the insert or an update counts 1 or 2 rows, a refusal 0 (1 for a client that counts
-    -- rows found).
-    INSERT INTO leasewrap.fence (name, token) VALUES (lease, wanted)
+    -- up; an update counts 2 rows, an insert 1 and a refusal 0 (1 for a client that counts rows
+    -- found).
+    INSERT INTO leasewrap.fence (name, token) VALUES (p_name, p_token)
         ON DUPLICATE KEY UPDATE
             fenced_at = IF(token <= VALUES(token), CURRENT_TIMESTAMP(6), fenced_at),
             token = IF(token <= VALUES(token), VALUES(token), token);
     IF ROW_COUNT() <> 2 THEN
-        SELECT f.token INTO stored FROM leasewrap.fence AS f WHERE f.name = lease FOR UPDATE;
-        IF stored > wanted THEN
-            SET message = CONCAT('stale fencing token ', wanted, ' for "', p_name, '": ', stored,
-                ' is recorded');
+        -- The row is this transaction's now: the read waits for nobody. NAME in the column's own
+        -- type, so that the key is used and only its row is read.
+        SELECT f.token INTO stored FROM leasewrap.fence AS f
+            WHERE f.name = CONVERT(p_name USING ascii) COLLATE ascii_bin FOR UPDATE;
+        IF stored > CAST(p_token AS UNSIGNED) THEN
+            SET message = CONCAT('stale fencing token ', CAST(p_token AS UNSIGNED), ' for "', p_name,
+                '": ', stored, ' is recorded');
             SIGNAL SQLSTATE 'LWF01' SET MYSQL_ERRNO = 9101, MESSAGE_TEXT = message;
         END IF;
     END IF;
@@ -325,6 +345,7 @@ END //
 GRANT EXECUTE ON PROCEDURE leasewrap.fence TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON FUNCTION leasewrap.may_use TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON FUNCTION leasewrap.covers TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.check_call TO 'leasewrap_fence'@'localhost' //
 
 -- Every name and its token, for the accounts an administrator lets read them
 -- (GRANT EXECUTE ON PROCEDURE leasewrap.fences TO ...): no other account may read the table
