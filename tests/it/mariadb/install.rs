@@ -2,8 +2,8 @@
 //! server's): what another account's rights on the database leasewrap let it do, and what the
 //! install then refuses by name (a column's grant, a routine's, SELECT on the table, a procedure
 //! elsewhere that runs as the fence's definer); the accounts with global rights, which it cannot
-//! refuse, named; and the upgrade from version 1, which keeps the ties and makes a reader's
-//! SELECT EXECUTE on fences().
+//! refuse, named; the upgrade from version 1, which keeps the ties and makes a reader's SELECT
+//! EXECUTE on fences(); and a re-run while a job is inside its fence.
 
 use std::path::Path;
 
@@ -139,4 +139,29 @@ fn the_upgrade_from_version_1_keeps_ties_and_makes_a_reader_s_select_execute_on_
     );
     let version = server.sql_ok("", "SELECT GROUP_CONCAT(version) FROM leasewrap.installed");
     assert_eq!(version, "2");
+}
+
+/// A re-run (on the shared server: it changes nothing there) while a job is inside its fence:
+/// replacing the procedures and granting take no lock the job holds, so the install ends at
+/// once, and the job commits.
+#[test]
+fn a_re_run_while_a_job_is_inside_its_fence_waits_for_it_not_at_all() {
+    let maria = super::maria();
+    let (db, sb) = (
+        maria.report_db("re_run_held"),
+        crate::support::Sandbox::new(),
+    );
+    let fence = format!("CALL leasewrap.fence('{}', 1);", db.lease);
+    let holding = super::session_holding(&sb, (maria.0, &db), "A", &fence);
+    let started = std::time::Instant::now();
+    let out = install_output(maria.0, FENCE_SQL);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        started.elapsed() < crate::dbfence::BOUND,
+        "{:?}",
+        started.elapsed()
+    );
+    std::fs::write(sb.path("A.go"), "").unwrap();
+    assert!(holding.join().unwrap().status.success());
+    assert_eq!(dbfence::recorded(&maria, &db), "1");
 }
