@@ -411,21 +411,22 @@ AS $covers$
                 OPERATOR(pg_catalog.=) pg_catalog.left(names, pg_catalog.length(names) OPERATOR(pg_catalog.-) 1));
 $covers$;
 
--- Who may use the lease name NAME: a role that is a member of a role tied to names that cover it
--- (a superuser is a member of every role). The role checked is session_user, the role that
--- logged in: current_user, inside a fence, is its owner, and SET ROLE does not change
--- session_user. Every function that uses a name asks here.
+-- Who may use the lease name NAME: a row when the role that logged in is a member of a role
+-- tied to names that cover NAME (a superuser is a member of every role). The role is
+-- session_user: current_user, inside a fence, is its owner, and SET ROLE does not change
+-- session_user. Every function that uses a name asks here, as EXISTS (SELECT FROM
+-- leasewrap_data.may_use(NAME)): a set-returning SQL function with no SET clause and every name
+-- in it qualified is inlined into that query by the planner, where a call of its own would cost
+-- the fence as much again as its write.
 CREATE OR REPLACE FUNCTION leasewrap_data.may_use(name text)
-RETURNS boolean
-LANGUAGE plpgsql
+RETURNS SETOF boolean
+LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, pg_temp
 AS $may_use$
-BEGIN
-    RETURN EXISTS (SELECT FROM leasewrap_data.allowed AS a
-                   WHERE leasewrap_data.covers(a.names, may_use.name)
-                     AND pg_has_role(session_user, a.role, 'MEMBER'::text));
-END;
+    SELECT true FROM leasewrap_data.allowed AS a
+    WHERE leasewrap_data.covers(a.names, may_use.name)
+      AND pg_catalog.pg_has_role(session_user, a.role, 'MEMBER'::pg_catalog.text)
+    LIMIT 1;
 $may_use$;
 
 -- The fence. Every bad input gets LWF02 (a token of any text, '1e1000000' and 'NaN' included, is
@@ -459,7 +460,7 @@ BEGIN
                   HINT = 'pass the token leasewrap gave, with psql''s -v token="$LEASEWRAP_FENCING_TOKEN"';
     END IF;
     wanted := token::numeric;
-    IF NOT leasewrap_data.may_use(name) THEN
+    IF NOT EXISTS (SELECT FROM leasewrap_data.may_use(fence.name)) THEN
         RAISE EXCEPTION 'leasewrap.fence: role % may not fence "%"', session_user, name
             USING ERRCODE = '42501',
                   HINT = format('an administrator ties names to roles: SELECT leasewrap.allow(%L, %L)',
