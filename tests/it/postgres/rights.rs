@@ -228,8 +228,9 @@ fn as_a_member_of_leasewrap_fence(pg: &Postgres, db: &str, mallory: &str, then: 
     assert!(out.status.success(), "{}", out.stderr);
 }
 
-/// What the member leaves on an installed fence: a trigger on the fence table, and
-/// bd.backdoor(), a SECURITY DEFINER function owned by leasewrap_fence that resets every token.
+/// What the member leaves on an installed fence: a trigger, a rule and a policy (with row
+/// security) on the fence table, and bd.backdoor(), a SECURITY DEFINER function owned by
+/// leasewrap_fence that resets every token.
 fn trigger_and_backdoor(fence: &str, mallory: &str) -> String {
     format!(
         "CREATE SCHEMA bd; GRANT ALL ON SCHEMA bd TO leasewrap_fence; GRANT USAGE ON SCHEMA bd TO {mallory};
@@ -241,6 +242,9 @@ fn trigger_and_backdoor(fence: &str, mallory: &str) -> String {
          SET ROLE leasewrap_fence;
          GRANT EXECUTE ON FUNCTION bd.backdoor() TO {mallory};
          CREATE TRIGGER steal BEFORE UPDATE ON {fence} FOR EACH ROW EXECUTE FUNCTION bd.steal();
+         CREATE RULE keep AS ON DELETE TO {fence} DO INSTEAD NOTHING;
+         ALTER TABLE {fence} ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY everyone ON {fence} USING (true);
          RESET ROLE;"
     )
 }
@@ -278,8 +282,15 @@ fn what_a_member_of_leasewrap_fence_left_behind_is_refused_by_name() {
         "0",
         "the backdoor reset the victim's token"
     );
-    install_refuses_naming(&pg, &db, "trigger steal on leasewrap_data.fence");
-    pg.psql_ok(&db, "DROP TRIGGER steal ON leasewrap_data.fence");
+    let on_the_table = [
+        "policy everyone on leasewrap_data.fence",
+        "row level security on leasewrap_data.fence",
+        "rule keep on leasewrap_data.fence",
+        "trigger steal on leasewrap_data.fence",
+    ];
+    install_refuses_naming(&pg, &db, &on_the_table.join("; "));
+    pg.psql_ok(&db, "DROP TRIGGER steal ON leasewrap_data.fence; DROP RULE keep ON leasewrap_data.fence;
+        DROP POLICY everyone ON leasewrap_data.fence; ALTER TABLE leasewrap_data.fence DISABLE ROW LEVEL SECURITY");
     install_refuses_naming(
         &pg,
         &db,
