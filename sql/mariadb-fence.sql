@@ -20,14 +20,16 @@
 -- an older holder's transaction (at most innodb_lock_wait_timeout, then error 1205) and then
 -- sees what it committed. A token lower than the one recorded is refused with SQLSTATE LWF01
 -- before the transaction writes anything; bad input with LWF02; a call outside a transaction,
--- in a read-only one or with autocommit off, with LWF03; a user not allowed NAME with 42000. Their error numbers are
--- 9101, 9102, 9103 and 9104, for drivers that show no SQLSTATE. An equal token is allowed.
+-- in a read-only one or with autocommit off, with LWF03; a user not allowed NAME with 42000.
+-- Their error numbers are 9101, 9102, 9103 and 9104, for drivers that show no SQLSTATE. An
+-- equal token is allowed.
 --
--- A statement that commits on its own (DDL, TRUNCATE, LOCK TABLES, START TRANSACTION, SET
--- autocommit = 1) ends the transaction and the fence with it: after the fence, the session's
--- later transactions are read-only (tx_read_only), so that whatever the job writes after such a
--- commit fails (error 1792) instead of landing unfenced. A session that runs another fenced
--- transaction starts it with START TRANSACTION READ WRITE.
+-- A statement that commits on its own (DDL, TRUNCATE, LOCK TABLES, a second START TRANSACTION)
+-- ends the transaction and the fence with it: after the fence, the session's later transactions
+-- are read-only (tx_read_only), so that whatever the job writes after such a commit fails (error
+-- 1792) instead of landing unfenced. A session that runs another fenced transaction starts it
+-- with START TRANSACTION READ WRITE. The fence runs only with autocommit on, where SET
+-- autocommit = 1 commits nothing.
 --
 -- What it makes: the account 'leasewrap_fence'@'localhost' (locked: nobody logs in as it; it
 -- is the fence's definer, with rights on the fence's own tables and nothing else), the database
@@ -35,9 +37,10 @@
 -- and installed (this version), and the procedures fence(name, token) (SQL SECURITY DEFINER,
 -- EXECUTE granted per job user), fences() (every name and its token, for the accounts an
 -- administrator grants it to), allow(user, names) and disallow(user, names) (for
--- administrators), and the functions covers(names, name) and may_use(user, name) they share. No other account may have
--- a right on the database leasewrap but EXECUTE: with SELECT on its tables, SELECT ... FOR
--- UPDATE would hold every name's row.
+-- administrators), the procedure check_call() the fence's uncommon calls go through, and the
+-- functions covers(names, name) and may_use(user, name) they share. No other account may have a
+-- right on the database leasewrap but EXECUTE: with SELECT on its tables, SELECT ... FOR UPDATE
+-- would hold every name's row.
 
 -- The procedures keep the sql_mode and character set they were made with: these, whatever the
 -- installing session had, and not the caller's.
