@@ -1,4 +1,4 @@
--- leasewrap's database fence for MariaDB, version 1 (MariaDB 10.4 or later; tested with 10.11),
+-- leasewrap's database fence for MariaDB, version 2 (MariaDB 10.4 or later; tested with 10.11),
 -- printed by `leasewrap fence-sql mariadb` and installed as
 -- /usr/share/leasewrap/sql/mariadb-fence.sql. It uses MariaDB's own statements (BEGIN NOT
 -- ATOMIC, CREATE OR REPLACE PROCEDURE, @@in_transaction): it does not run on MySQL.
@@ -19,74 +19,160 @@
 -- The fence locks the row of NAME until the transaction ends: a newer holder's fence waits for
 -- an older holder's transaction (at most innodb_lock_wait_timeout, then error 1205) and then
 -- sees what it committed. A token lower than the one recorded is refused with SQLSTATE LWF01
--- before the transaction writes anything; bad input with LWF02; a call outside a transaction
--- with LWF03; a user not allowed NAME with 42000. Their error numbers are 9101, 9102, 9103 and
--- 9104, for drivers that show no SQLSTATE. An equal token is allowed.
+-- before the transaction writes anything; bad input with LWF02; a call outside a transaction,
+-- in a read-only one or with autocommit off, with LWF03; a user not allowed NAME with 42000.
+-- Their error numbers are 9101, 9102, 9103 and 9104, for drivers that show no SQLSTATE. An
+-- equal token is allowed.
+--
+-- A statement that commits on its own (DDL, TRUNCATE, LOCK TABLES, a second START TRANSACTION)
+-- ends the transaction and the fence with it: after the fence, the session's later transactions
+-- are read-only (tx_read_only), so that whatever the job writes after such a commit fails (error
+-- 1792) instead of landing unfenced. A session that runs another fenced transaction starts it
+-- with START TRANSACTION READ WRITE. The fence runs only with autocommit on, where SET
+-- autocommit = 1 commits nothing.
 --
 -- What it makes: the account 'leasewrap_fence'@'localhost' (locked: nobody logs in as it; it
 -- is the fence's definer, with rights on the fence's own tables and nothing else), the database
 -- leasewrap with the tables fence (NAME -> highest token), allowed (user -> NAME or PREFIX*)
 -- and installed (this version), and the procedures fence(name, token) (SQL SECURITY DEFINER,
--- EXECUTE granted per job user), allow(user, names) and disallow(user, names) (for
--- administrators).
+-- EXECUTE granted per job user), fences() (every name and its token, for the accounts an
+-- administrator grants it to), allow(user, names) and disallow(user, names) (for
+-- administrators), the procedure check_call() the fence's uncommon calls go through, and the
+-- functions covers(names, name) and may_use(user, name) they share. No other account may have a
+-- right on the database leasewrap but EXECUTE: with SELECT on its tables, SELECT ... FOR UPDATE
+-- would hold every name's row.
 
 -- The procedures keep the sql_mode and character set they were made with: these, whatever the
 -- installing session had, and not the caller's.
 SET SESSION sql_mode = 'STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION,NO_ZERO_DATE,NO_ZERO_IN_DATE';
 SET NAMES utf8mb4 COLLATE utf8mb4_bin;
+-- No statement here waits long for a lock a job holds.
+SET SESSION lock_wait_timeout = 3;
+SET SESSION innodb_lock_wait_timeout = 3;
 
 DELIMITER //
 
 -- What is there already, and whether this script may build on it. Every refusal comes before
--- anything is changed.
+-- anything is changed: the checks leave it in @leasewrap_refused, and the statement after them
+-- stops the script with it (the client shows the statement that failed: that one is short).
 BEGIN NOT ATOMIC
-    DECLARE stranger TEXT;
+    DECLARE refused TEXT;
     DECLARE installed INT;
-    IF EXISTS (SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = 'leasewrap')
-       AND NOT EXISTS (SELECT 1 FROM information_schema.TABLES
-                       WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME = 'installed') THEN
-        SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT =
-            'leasewrap fence: a database leasewrap exists that this script did not make (it has no leasewrap.installed): find out who made it and what is in it, drop it, and run this again';
-    END IF;
-    -- Another account with rights on the database leasewrap (by its name or a wildcard that
-    -- matches it) could rewrite the fence's rows or replace its procedures.
-    SELECT CONCAT(QUOTE(d.User), '@', QUOTE(d.Host), ' on ', d.Db) INTO stranger
-        FROM mysql.db AS d
-        WHERE 'leasewrap' LIKE d.Db
-          AND NOT (d.User = 'leasewrap_fence' AND d.Host = 'localhost')
-          AND 'Y' IN (d.Insert_priv, d.Update_priv, d.Delete_priv, d.Create_priv, d.Drop_priv,
-                      d.Alter_priv, d.Create_routine_priv, d.Alter_routine_priv, d.Grant_priv,
-                      d.Index_priv, d.Trigger_priv, d.Event_priv, d.Create_view_priv,
-                      d.Lock_tables_priv, d.Delete_history_priv)
-        LIMIT 1;
-    IF stranger IS NULL THEN
-        SELECT CONCAT(QUOTE(t.User), '@', QUOTE(t.Host), ' on leasewrap.', t.Table_name) INTO stranger
-            FROM mysql.tables_priv AS t
-            WHERE t.Db = 'leasewrap' AND NOT (t.User = 'leasewrap_fence' AND t.Host = 'localhost')
-              AND t.Table_priv NOT IN ('', 'Select')
-            LIMIT 1;
-    END IF;
-    IF stranger IS NOT NULL THEN
-        SET stranger = CONCAT('leasewrap fence: the account ', stranger,
-            ' may change the database leasewrap, and so the fence: revoke that, and run this again');
-        SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT = stranger;
-    END IF;
-    IF EXISTS (SELECT 1 FROM mysql.global_priv
-               WHERE User = 'leasewrap_fence' AND Host = 'localhost'
-                 AND JSON_VALUE(Priv, '$.access') <> '0') THEN
-        SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT =
-            'leasewrap fence: the account leasewrap_fence@localhost has global privileges, which the fence''s definer must not have: find out who gave them, revoke them, and run this again';
-    END IF;
-    IF EXISTS (SELECT 1 FROM information_schema.TABLES
-               WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME = 'installed') THEN
-        SELECT MAX(version) INTO installed FROM leasewrap.installed;
-        IF installed > 1 THEN
-            SET stranger = CONCAT('leasewrap fence: version ', installed,
-                ' is installed, and this script is version 1: use the fence-sql of the leasewrap that made it, or a newer one');
-            SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT = stranger;
+    SET @leasewrap_refused = NULL;
+    checks: BEGIN
+        IF EXISTS (SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = 'leasewrap')
+           AND NOT EXISTS (SELECT 1 FROM information_schema.TABLES
+                           WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME = 'installed') THEN
+            SET @leasewrap_refused =
+                'leasewrap fence: a database leasewrap exists that this script did not make (it has no leasewrap.installed): find out who made it and what is in it, drop it, and run this again';
+            LEAVE checks;
         END IF;
-    END IF;
+        IF EXISTS (SELECT 1 FROM information_schema.TABLES
+                   WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME = 'installed') THEN
+            SELECT MAX(version) INTO installed FROM leasewrap.installed;
+        END IF;
+        IF installed > 2 THEN
+            SET @leasewrap_refused = CONCAT('leasewrap fence: version ', installed,
+                ' is installed, and this script is version 2: use the fence-sql of the leasewrap that made it, or a newer one');
+            LEAVE checks;
+        END IF;
+        -- What this script does not make, in the database leasewrap (a trigger on its tables runs
+        -- inside every fence), and what would run as the fence's definer elsewhere.
+        SELECT GROUP_CONCAT(what ORDER BY what SEPARATOR '; ') INTO refused FROM (
+            SELECT CONCAT('table leasewrap.', TABLE_NAME) AS what FROM information_schema.TABLES
+                WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME NOT IN ('fence', 'allowed', 'installed')
+            UNION ALL
+            SELECT CONCAT(LOWER(ROUTINE_TYPE), ' ', ROUTINE_SCHEMA, '.', ROUTINE_NAME)
+                FROM information_schema.ROUTINES
+                WHERE (ROUTINE_SCHEMA = 'leasewrap'
+                       AND ROUTINE_NAME NOT IN ('fence', 'fences', 'allow', 'disallow', 'grant_fence', 'may_use',
+                                            'covers', 'check_call'))
+                   OR (ROUTINE_SCHEMA <> 'leasewrap' AND DEFINER = 'leasewrap_fence@localhost')
+            UNION ALL
+            SELECT CONCAT('trigger ', TRIGGER_SCHEMA, '.', TRIGGER_NAME) FROM information_schema.TRIGGERS
+                WHERE EVENT_OBJECT_SCHEMA = 'leasewrap' OR TRIGGER_SCHEMA = 'leasewrap'
+                   OR DEFINER = 'leasewrap_fence@localhost'
+            UNION ALL
+            SELECT CONCAT('view ', TABLE_SCHEMA, '.', TABLE_NAME) FROM information_schema.VIEWS
+                WHERE DEFINER = 'leasewrap_fence@localhost'
+            UNION ALL
+            SELECT CONCAT('event ', EVENT_SCHEMA, '.', EVENT_NAME) FROM information_schema.EVENTS
+                WHERE EVENT_SCHEMA = 'leasewrap' OR DEFINER = 'leasewrap_fence@localhost'
+        ) AS found;
+        IF refused IS NOT NULL THEN
+            SET @leasewrap_refused = LEFT(CONCAT('leasewrap fence: not made by this script, or running as its definer leasewrap_fence: ',
+                refused, ': find out who made it, drop it, and run this again'), 500);
+            LEAVE checks;
+        END IF;
+        -- Another account's right on the database leasewrap (by its name or a wildcard that matches
+        -- it), a table, a column or a routine of it: it could rewrite the fence's rows, hold them
+        -- (SELECT ... FOR UPDATE needs only SELECT), or change a procedure. Only EXECUTE is given
+        -- out; version 1's SELECT on the fence table is made EXECUTE on fences() below.
+        SELECT GROUP_CONCAT(what ORDER BY what SEPARATOR '; ') INTO refused FROM (
+            SELECT CONCAT(QUOTE(d.User), '@', QUOTE(d.Host), ' on ', d.Db, '.*') AS what
+                FROM mysql.db AS d
+                WHERE 'leasewrap' LIKE d.Db AND NOT (d.User = 'leasewrap_fence' AND d.Host = 'localhost')
+                  AND 'Y' IN (d.Select_priv, d.Insert_priv, d.Update_priv, d.Delete_priv, d.Create_priv,
+                              d.Drop_priv, d.Grant_priv, d.References_priv, d.Index_priv, d.Alter_priv,
+                              d.Create_tmp_table_priv, d.Lock_tables_priv, d.Create_view_priv,
+                              d.Show_view_priv, d.Create_routine_priv, d.Alter_routine_priv,
+                              d.Event_priv, d.Trigger_priv, d.Delete_history_priv)
+            UNION ALL
+            SELECT CONCAT(QUOTE(t.User), '@', QUOTE(t.Host), ' on leasewrap.', t.Table_name)
+                FROM mysql.tables_priv AS t
+                WHERE t.Db = 'leasewrap' AND NOT (t.User = 'leasewrap_fence' AND t.Host = 'localhost')
+                  AND (t.Table_priv <> '' OR t.Column_priv <> '')
+                  AND NOT (installed = 1 AND t.Table_name = 'fence' AND t.Table_priv = 'Select'
+                           AND t.Column_priv = '')
+            UNION ALL
+            SELECT CONCAT(QUOTE(c.User), '@', QUOTE(c.Host), ' on leasewrap.', c.Table_name, '(', c.Column_name, ')')
+                FROM mysql.columns_priv AS c
+                WHERE c.Db = 'leasewrap' AND NOT (c.User = 'leasewrap_fence' AND c.Host = 'localhost')
+            UNION ALL
+            SELECT CONCAT(QUOTE(p.User), '@', QUOTE(p.Host), ' on ', LOWER(p.Routine_type), ' leasewrap.', p.Routine_name)
+                FROM mysql.procs_priv AS p
+                WHERE p.Db = 'leasewrap' AND p.Proc_priv NOT IN ('', 'Execute')
+        ) AS found;
+        IF refused IS NOT NULL THEN
+            SET @leasewrap_refused = LEFT(CONCAT('leasewrap fence: the account ', refused,
+                ' may change the database leasewrap, or hold its rows: revoke that (it may be given EXECUTE on leasewrap.fences() to read), and run this again'), 500);
+            LEAVE checks;
+        END IF;
+        IF EXISTS (SELECT 1 FROM mysql.global_priv
+                   WHERE User = 'leasewrap_fence' AND Host = 'localhost'
+                     AND JSON_VALUE(Priv, '$.access') <> '0') THEN
+            SET @leasewrap_refused =
+                'leasewrap fence: the account leasewrap_fence@localhost has global privileges, which the fence''s definer must not have: find out who gave them, revoke them, and run this again';
+            LEAVE checks;
+        END IF;
+        -- What cannot be refused (an administrator's own rights) is named: these accounts may change
+        -- any database, or the grant tables and the procedures' text in mysql, and are as trusted
+        -- as root.
+        SELECT GROUP_CONCAT(CONCAT(QUOTE(u.User), '@', QUOTE(u.Host)) ORDER BY u.User, u.Host SEPARATOR ', ')
+            INTO refused
+            FROM mysql.user AS u
+            WHERE CONCAT(u.User, '@', u.Host) <> CURRENT_USER()
+              AND ('Y' IN (u.Select_priv, u.Insert_priv, u.Update_priv, u.Delete_priv, u.Create_priv,
+                           u.Drop_priv, u.Grant_priv, u.Index_priv, u.Alter_priv, u.Super_priv,
+                           u.Lock_tables_priv, u.Create_routine_priv, u.Alter_routine_priv,
+                           u.Create_user_priv, u.Trigger_priv, u.Delete_history_priv)
+                   -- SET USER (1 << 30): it makes objects whose definer is any account.
+                   OR EXISTS (SELECT 1 FROM mysql.global_priv AS g
+                              WHERE g.User = u.User AND g.Host = u.Host
+                                AND CAST(JSON_VALUE(g.Priv, '$.access') AS UNSIGNED) & 1073741824 <> 0)
+                   OR EXISTS (SELECT 1 FROM mysql.db AS d
+                              WHERE d.User = u.User AND d.Host = u.Host AND 'mysql' LIKE d.Db
+                                AND 'Y' IN (d.Insert_priv, d.Update_priv, d.Delete_priv, d.Create_priv,
+                                            d.Drop_priv, d.Alter_priv, d.Grant_priv)));
+        IF refused IS NOT NULL THEN
+            SELECT CONCAT('leasewrap fence: these accounts may change any database (or mysql''s grant tables), the fence''s included, and are as trusted as an administrator: ',
+                          refused) AS `note`;
+        END IF;
+    END checks;
 END //
+
+-- Refused: nothing was changed.
+BEGIN NOT ATOMIC IF @leasewrap_refused IS NOT NULL THEN SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT = @leasewrap_refused; END IF; END //
 
 DELIMITER ;
 
@@ -131,26 +217,44 @@ GRANT SELECT ON leasewrap.allowed TO 'leasewrap_fence'@'localhost';
 
 DELIMITER //
 
--- The fence. Every bad input gets LWF02: both arguments are taken as text and checked here, a
--- name by leasewrap's own rule for lease names, a token as a decimal u64.
+-- Whether a tie (a NAME, PREFIX* or *) covers the lease name NAME: the one rule of what a tie
+-- covers, for who may use a name and for the overlaps allow() names.
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
-PROCEDURE leasewrap.fence(IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_token LONGTEXT CHARACTER SET utf8mb4)
-MODIFIES SQL DATA
+FUNCTION leasewrap.covers(p_names VARCHAR(129) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                          p_name VARCHAR(129) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+RETURNS BOOLEAN
+DETERMINISTIC
+NO SQL
+SQL SECURITY DEFINER
+RETURN p_names = p_name
+       OR (RIGHT(p_names, 1) = '*'
+           AND LEFT(p_name, CHAR_LENGTH(p_names) - 1) = LEFT(p_names, CHAR_LENGTH(p_names) - 1)) //
+
+-- Whether user may use the lease name NAME: one of its ties covers NAME. Every procedure that
+-- uses a name asks here.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+FUNCTION leasewrap.may_use(p_user VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                           p_name VARCHAR(129) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+RETURNS BOOLEAN
+READS SQL DATA
+SQL SECURITY DEFINER
+RETURN EXISTS (SELECT 1 FROM leasewrap.allowed AS a
+               WHERE a.user = p_user AND leasewrap.covers(a.names, p_name)) //
+
+-- The checks of a fence's call that is not the common case, in the order their errors come: a
+-- lease name (LWF02), a token (LWF02; the fence has checked it: p_token_ok), a transaction with
+-- autocommit on (LWF03), a tie of the calling user's (p_caller) that covers NAME (42000).
+-- Returns when all pass. Both arguments are compared byte for byte: a case-insensitive collation
+-- would take the Kelvin sign for a K.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.check_call(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_token LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_token_ok BOOLEAN,
+                               IN p_caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+READS SQL DATA
 SQL SECURITY DEFINER
 BEGIN
-    DECLARE wanted BIGINT UNSIGNED;
-    DECLARE stored BIGINT UNSIGNED;
     DECLARE message TEXT CHARACTER SET utf8mb4;
-    -- USER() is the account that logged in (CURRENT_USER() here is the definer); the user
-    -- name is what comes before its last @.
-    DECLARE caller TEXT CHARACTER SET utf8mb4 DEFAULT LEFT(USER(), CHAR_LENGTH(USER()) - LOCATE('@', REVERSE(USER())));
-    -- NAME in the column's own type: compared with a utf8mb4 value, the key could not be used,
-    -- and every row read would be locked.
-    DECLARE lease VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin;
-    DECLARE duplicate BOOLEAN DEFAULT FALSE;
-    DECLARE CONTINUE HANDLER FOR 1062 SET duplicate = TRUE;
-    -- No row of NAME yet: stored stays NULL.
-    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     IF p_name IS NULL OR p_name NOT REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z' THEN
         SET message = CONCAT('leasewrap.fence: the lease name ',
             IFNULL(JSON_QUOTE(LEFT(p_name, 64)), 'NULL'),
@@ -158,65 +262,116 @@ BEGIN
             ' is not 1 to 128 ASCII letters, digits and ._-@:+=');
         SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT = message;
     END IF;
-    IF p_token IS NULL OR p_token NOT REGEXP '^[0-9]{1,20}\\z'
-       OR (CHAR_LENGTH(p_token) = 20 AND p_token > '18446744073709551615') THEN
+    IF NOT p_token_ok THEN
         SET message = CONCAT('leasewrap.fence: fencing token ',
             IFNULL(JSON_QUOTE(LEFT(p_token, 64)), 'NULL'), ' for "', p_name,
             '" is not a whole number from 0 to 18446744073709551615');
         SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT = message;
     END IF;
-    SET wanted = CAST(p_token AS UNSIGNED);
-    SET lease = p_name;
-    -- Outside a transaction (autocommit, no START TRANSACTION) the row lock would end with this
-    -- call, and the job's writes after it would not be fenced.
-    IF @@autocommit = 1 AND @@in_transaction = 0 THEN
+    -- With autocommit off, a later SET autocommit = 1 would commit the transaction, and MariaDB
+    -- runs the one statement after it with this transaction's characteristics, not the
+    -- session's read-only ones: it would write unfenced. With autocommit on it changes nothing.
+    IF @@autocommit = 0 THEN
         SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
-            'leasewrap.fence: called outside a transaction: START TRANSACTION first (or SET autocommit = 0), then the fence, the writes and COMMIT';
+            'leasewrap.fence: called with autocommit off, where a later SET autocommit = 1 would end the fence: SET autocommit = 1, then START TRANSACTION, the fence, the writes and COMMIT';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM leasewrap.allowed AS a
-                   WHERE a.user = caller
-                     AND (a.names = lease
-                          OR (RIGHT(a.names, 1) = '*'
-                              AND LEFT(lease, CHAR_LENGTH(a.names) - 1)
-                                  = LEFT(a.names, CHAR_LENGTH(a.names) - 1)))) THEN
-        SET message = CONCAT('leasewrap.fence: user ', JSON_QUOTE(caller), ' may not fence "',
+    -- Outside a transaction the row lock would end with this call.
+    IF @@in_transaction = 0 THEN
+        SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
+            'leasewrap.fence: called outside a transaction: START TRANSACTION first, then the fence, the writes and COMMIT';
+    END IF;
+    IF NOT leasewrap.may_use(p_caller, p_name) THEN
+        SET message = CONCAT('leasewrap.fence: user ', JSON_QUOTE(p_caller), ' may not fence "',
             p_name, '": an administrator ties names to users with CALL leasewrap.allow(user, names)');
         SIGNAL SQLSTATE '42000' SET MYSQL_ERRNO = 9104, MESSAGE_TEXT = message;
     END IF;
-    -- A locking read of NAME's row: it waits for the transaction that holds the row, then reads
-    -- the newest committed token, whatever this transaction's snapshot, and keeps the row
-    -- locked (exclusively, until the transaction ends), refused or not. On a row that exists
-    -- it locks that row alone; under REPEATABLE READ a missing row's gap is locked too, until
-    -- the first transaction of a name ends (allow() makes the row of a NAME beforehand).
-    SELECT f.token INTO stored FROM leasewrap.fence AS f WHERE f.name = lease FOR UPDATE;
-    IF stored IS NULL THEN
-        INSERT INTO leasewrap.fence (name, token) VALUES (lease, wanted);
-        IF duplicate THEN
-            -- Another transaction made the row meanwhile (READ COMMITTED) and has ended.
-            SELECT f.token INTO stored FROM leasewrap.fence AS f WHERE f.name = lease FOR UPDATE;
+END //
+
+-- The fence. Every bad input gets LWF02: both arguments are taken as text and checked, a name by
+-- leasewrap's own rule for lease names, a token as a decimal u64.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.fence(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                          IN p_token LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+MODIFIES SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    -- USER() is the account that logged in (CURRENT_USER() here is the definer); the user name
+    -- is what comes before its last @.
+    DECLARE caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
+        DEFAULT LEFT(USER(), CHAR_LENGTH(USER()) - LOCATE('@', REVERSE(USER())));
+    -- A fencing token: 1 to 20 digits, at most 2^64-1.
+    DECLARE token_ok BOOLEAN DEFAULT IFNULL(p_token REGEXP '^[0-9]{1,20}\\z'
+        AND NOT (CHAR_LENGTH(p_token) = 20 AND p_token > '18446744073709551615'), FALSE);
+    DECLARE stored BIGINT UNSIGNED;
+    DECLARE message TEXT CHARACTER SET utf8mb4;
+    DECLARE EXIT HANDLER FOR 1792
+        SIGNAL SQLSTATE 'LWF03' SET MYSQL_ERRNO = 9103, MESSAGE_TEXT =
+            'leasewrap.fence: called in a read-only transaction (after a fence, the session''s later transactions are read-only): start a fenced transaction with START TRANSACTION READ WRITE';
+    -- Each statement here costs about what the job's own one-row update does, so the common case
+    -- takes one test: a token, a transaction with autocommit on, and a tie of the calling user's
+    -- to NAME itself (so NAME is a lease name: the tie's CHECK says so), looked up by its key.
+    -- Anything else is checked by check_call(), whose errors come in their order.
+    IF NOT (token_ok AND @@autocommit = 1 AND @@in_transaction = 1
+            AND EXISTS (SELECT 1 FROM leasewrap.allowed AS a
+                        WHERE a.user = caller AND a.names = CONVERT(p_name USING ascii) COLLATE ascii_bin)) THEN
+        CALL leasewrap.check_call(p_name, p_token, token_ok, caller);
+    END IF;
+    -- NAME's row, made or locked in one statement. On a row that exists it locks that row alone
+    -- (exclusively, until the transaction ends): it waits for the transaction that holds the
+    -- row and reads the newest committed token, whatever this transaction's snapshot, and a
+    -- refused fence keeps the row locked too. A missing row is inserted: no gap of the index
+    -- is locked, so a first fence of a new name waits for no other name's. The token moves only
+    -- up; an update counts 2 rows, an insert 1 and a refusal 0 (1 for a client that counts rows
+    -- found).
+    INSERT INTO leasewrap.fence (name, token) VALUES (p_name, p_token)
+        ON DUPLICATE KEY UPDATE
+            fenced_at = IF(token <= VALUES(token), CURRENT_TIMESTAMP(6), fenced_at),
+            token = IF(token <= VALUES(token), VALUES(token), token);
+    IF ROW_COUNT() <> 2 THEN
+        -- The row is this transaction's now: the read waits for nobody. NAME in the column's own
+        -- type, so that the key is used and only its row is read.
+        SELECT f.token INTO stored FROM leasewrap.fence AS f
+            WHERE f.name = CONVERT(p_name USING ascii) COLLATE ascii_bin FOR UPDATE;
+        IF stored > CAST(p_token AS UNSIGNED) THEN
+            SET message = CONCAT('stale fencing token ', CAST(p_token AS UNSIGNED), ' for "', p_name,
+                '": ', stored, ' is recorded');
+            SIGNAL SQLSTATE 'LWF01' SET MYSQL_ERRNO = 9101, MESSAGE_TEXT = message;
         END IF;
     END IF;
-    IF stored > wanted THEN
-        SET message = CONCAT('stale fencing token ', wanted, ' for "', p_name, '": ', stored,
-            ' is recorded');
-        SIGNAL SQLSTATE 'LWF01' SET MYSQL_ERRNO = 9101, MESSAGE_TEXT = message;
-    END IF;
-    IF stored IS NOT NULL THEN
-        UPDATE leasewrap.fence SET token = wanted, fenced_at = CURRENT_TIMESTAMP(6)
-            WHERE name = lease;
-    END IF;
+    -- A statement that commits on its own ends this transaction, and the row lock with it: the
+    -- session's next transactions are read-only, so that the job's writes after such a commit
+    -- fail instead of landing unfenced. This transaction stays as it began.
+    SET SESSION tx_read_only = 1;
 END //
 
 -- A definer must itself be allowed to run what it defines.
 GRANT EXECUTE ON PROCEDURE leasewrap.fence TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON FUNCTION leasewrap.may_use TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON FUNCTION leasewrap.covers TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.check_call TO 'leasewrap_fence'@'localhost' //
+
+-- Every name and its token, for the accounts an administrator lets read them
+-- (GRANT EXECUTE ON PROCEDURE leasewrap.fences TO ...): no other account may read the table
+-- itself, since SELECT ... FOR UPDATE would hold its rows.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.fences()
+READS SQL DATA
+SQL SECURITY DEFINER
+SELECT f.name, f.token, f.fenced_at FROM leasewrap.fence AS f ORDER BY f.name //
+
+GRANT EXECUTE ON PROCEDURE leasewrap.fences TO 'leasewrap_fence'@'localhost' //
 
 -- Lets every account of user fence names: a NAME, PREFIX* or *. Grants EXECUTE on the fence;
--- nothing on the tables.
+-- nothing on the tables. Names another user's tie that covers a name this one covers too: each
+-- of the two may record a token the other's holders cannot pass (18446744073709551615 stops
+-- every later holder of that name).
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
-PROCEDURE leasewrap.allow(IN p_user VARCHAR(128) CHARACTER SET utf8mb4, IN p_names VARCHAR(129) CHARACTER SET utf8mb4)
+PROCEDURE leasewrap.allow(IN p_user VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                          IN p_names VARCHAR(129) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
+    DECLARE overlaps TEXT;
     IF p_user IS NULL OR p_names IS NULL
        OR p_names NOT REGEXP '^([A-Za-z0-9._@:+=-]{1,128}|[A-Za-z0-9._@:+=-]{0,127}[*])\\z' THEN
         SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT =
@@ -226,17 +381,29 @@ BEGIN
         SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT = 'leasewrap.allow: no account has that user name';
     END IF;
     INSERT IGNORE INTO leasewrap.allowed (user, names) VALUES (p_user, p_names);
-    -- The row of a NAME is made now, with the lowest token, so that no fence of it has to
-    -- insert (and lock a gap of the index) in a job's transaction.
+    -- The row of a NAME is made now, with the lowest token.
     IF RIGHT(p_names, 1) <> '*' THEN
         INSERT IGNORE INTO leasewrap.fence (name, token) VALUES (p_names, 0);
     END IF;
     CALL leasewrap.grant_fence(p_user, TRUE);
+    SELECT GROUP_CONCAT(CONCAT(a.user, ' (', a.names, ')') ORDER BY a.user, a.names SEPARATOR ', ')
+        INTO overlaps
+        FROM leasewrap.allowed AS a
+        WHERE a.user <> p_user
+          AND (leasewrap.covers(a.names, TRIM(TRAILING '*' FROM p_names))
+               OR leasewrap.covers(p_names, TRIM(TRAILING '*' FROM a.names)));
+    IF overlaps IS NOT NULL THEN
+        SELECT CONCAT('leasewrap.allow: warning: user ', p_user, ' (', p_names,
+                      ') and these users may both fence a name: ', overlaps,
+                      '; either may record a token that stops the other''s holders: give each user names no other user''s names cover, such as a prefix of its own that ends in a dot (etl.*, report.*)')
+            AS `warning`;
+    END IF;
 END //
 
 -- Undoes allow(user, names); the user's EXECUTE goes with its last tie.
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
-PROCEDURE leasewrap.disallow(IN p_user VARCHAR(128) CHARACTER SET utf8mb4, IN p_names VARCHAR(129) CHARACTER SET utf8mb4)
+PROCEDURE leasewrap.disallow(IN p_user VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                             IN p_names VARCHAR(129) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
@@ -248,7 +415,8 @@ END //
 
 -- Grants (or revokes) EXECUTE on the fence to every account of a user.
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
-PROCEDURE leasewrap.grant_fence(IN p_user VARCHAR(128) CHARACTER SET utf8mb4, IN p_grant BOOLEAN)
+PROCEDURE leasewrap.grant_fence(IN p_user VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                                IN p_grant BOOLEAN)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
@@ -269,13 +437,31 @@ BEGIN
     CLOSE accounts;
 END //
 
--- Every tied user's EXECUTE again: replacing the fence above may have dropped it.
+-- From version 1, whose documentation let an administrator grant SELECT on the fence table:
+-- such an account reads with fences() now, and its SELECT goes. Then every tied user's EXECUTE
+-- again, and the version.
 BEGIN NOT ATOMIC
+    DECLARE account TEXT;
     DECLARE tied VARCHAR(128) CHARACTER SET utf8mb4;
     DECLARE done BOOLEAN DEFAULT FALSE;
+    DECLARE readers CURSOR FOR SELECT CONCAT(QUOTE(t.User), '@', QUOTE(t.Host)) FROM mysql.tables_priv AS t
+        WHERE t.Db = 'leasewrap' AND t.Table_name = 'fence' AND t.Table_priv = 'Select'
+          AND NOT (t.User = 'leasewrap_fence' AND t.Host = 'localhost');
     DECLARE users CURSOR FOR SELECT DISTINCT a.user FROM leasewrap.allowed AS a
         WHERE EXISTS (SELECT 1 FROM mysql.global_priv AS g WHERE g.User = a.user);
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET done = TRUE;
+    OPEN readers;
+    each_reader: LOOP
+        FETCH readers INTO account;
+        IF done THEN LEAVE each_reader; END IF;
+        EXECUTE IMMEDIATE CONCAT('GRANT EXECUTE ON PROCEDURE leasewrap.fences TO ', account);
+        EXECUTE IMMEDIATE CONCAT('REVOKE SELECT ON leasewrap.fence FROM ', account);
+        SELECT CONCAT('leasewrap fence: ', account,
+                      ' may no longer read leasewrap.fence (SELECT ... FOR UPDATE would hold its rows); it reads every name and token with CALL leasewrap.fences()')
+            AS `note`;
+    END LOOP;
+    CLOSE readers;
+    SET done = FALSE;
     OPEN users;
     each_user: LOOP
         FETCH users INTO tied;
@@ -284,7 +470,7 @@ BEGIN NOT ATOMIC
     END LOOP;
     CLOSE users;
     DELETE FROM leasewrap.installed;
-    INSERT INTO leasewrap.installed (version) VALUES (1);
+    INSERT INTO leasewrap.installed (version) VALUES (2);
 END //
 
 DELIMITER ;

@@ -1,9 +1,10 @@
--- leasewrap's database fence for PostgreSQL, version 2 (PostgreSQL 9.5 or later; tested with 15),
+-- leasewrap's database fence for PostgreSQL, version 3 (PostgreSQL 9.5 or later; tested with 15),
 -- printed by `leasewrap fence-sql postgres` and installed as
 -- /usr/share/leasewrap/sql/postgres-fence.sql.
 --
 -- Install or upgrade, as a superuser, as often as you like (it checks what is there first, and
--- changes nothing when it refuses):
+-- changes nothing when it refuses; it waits at most 3 s for a lock, and a run that would wait
+-- longer changes nothing and says so):
 --     psql -X -v ON_ERROR_STOP=1 -d DATABASE -f postgres-fence.sql
 -- Then let each job's role fence its names (a NAME, or a PREFIX*):
 --     SELECT leasewrap.allow('report_job', 'report');
@@ -21,12 +22,16 @@
 -- the transaction writes anything; bad input with LWF02; a role not allowed NAME with 42501; a
 -- call inside a savepoint with LWF03. An equal token is allowed: one holder, many transactions.
 --
--- What it makes: the role leasewrap_fence (NOLOGIN; it owns the schema leasewrap and what is in
--- it, and nothing else), the tables leasewrap.fence (NAME -> highest token), leasewrap.allowed
--- (role -> NAME or PREFIX*) and leasewrap.installed (this version), and the functions
--- leasewrap.fence(text, text), leasewrap.fence(text, numeric) (SECURITY DEFINER, EXECUTE granted
--- per job role), leasewrap.allow(regrole, text) and leasewrap.disallow(regrole, text) (for
--- administrators). Nothing here is resolved through the caller's search_path.
+-- What it makes: the role leasewrap_fence (NOLOGIN; it owns the schemas leasewrap and
+-- leasewrap_data and what is in them, and nothing else). The schema leasewrap, which jobs see,
+-- holds functions only: leasewrap.fence(text, text) and leasewrap.fence(text, numeric)
+-- (SECURITY DEFINER; EXECUTE for the roles tied to a name), leasewrap.fences() (every name and
+-- its token, for the roles an administrator grants it to), leasewrap.allow(regrole, text) and
+-- leasewrap.disallow(regrole, text) (for administrators). The schema leasewrap_data, on which no
+-- role but its owner has any right, holds the tables fence (NAME -> highest token), allowed
+-- (role -> NAME or PREFIX*), installed (this version) and objects (what this script made, and
+-- who gets which right on it), and the functions the others share. Nothing here is resolved
+-- through the caller's search_path.
 
 BEGIN;
 -- Only pg_catalog, then this session's own temp schema: an operator or function that another
@@ -34,22 +39,99 @@ BEGIN;
 -- function bodies made here.
 SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL client_min_messages = warning;
+-- Every fence that comes after a waiting statement of this script waits behind it: no wait
+-- here is longer than this.
+SET LOCAL lock_timeout = '3s';
+
+-- What this script makes, and who gets a right on it: the checks and the clean-up below go over
+-- every object in the two schemas with this list, so a new table or function is added here.
+-- for_whom: 'tied', the roles tied to a name (USAGE on a schema, EXECUTE on a function);
+-- 'granted', the roles an administrator grants EXECUTE to; NULL, nobody but the owner.
+-- 'old ...': what an earlier version made, which this one moves or drops.
+CREATE TEMPORARY TABLE leasewrap_objects (
+    kind text NOT NULL,
+    identity text NOT NULL,
+    for_whom text
+) ON COMMIT DROP;
+INSERT INTO pg_temp.leasewrap_objects VALUES
+    ('schema', 'leasewrap', 'tied'),
+    ('schema', 'leasewrap_data', NULL),
+    ('table', 'leasewrap_data.fence', NULL),
+    ('table', 'leasewrap_data.allowed', NULL),
+    ('table', 'leasewrap_data.installed', NULL),
+    ('table', 'leasewrap_data.objects', NULL),
+    ('function', 'leasewrap.fence(text,text)', 'tied'),
+    ('function', 'leasewrap.fence(text,numeric)', 'tied'),
+    ('function', 'leasewrap.fences()', 'granted'),
+    ('function', 'leasewrap.allow(regrole,text)', NULL),
+    ('function', 'leasewrap.disallow(regrole,text)', NULL),
+    ('function', 'leasewrap_data.covers(text,text)', NULL),
+    ('function', 'leasewrap_data.may_use(text)', NULL),
+    ('function', 'leasewrap_data.grant_to(regrole,boolean)', NULL),
+    ('old table', 'leasewrap.fence', NULL),
+    ('old table', 'leasewrap.allowed', NULL),
+    ('old table', 'leasewrap.installed', NULL),
+    ('old function', 'leasewrap.grant_fence(regrole,boolean)', NULL);
+
+-- Every object in the two schemas (each has a dependency on its schema, and so do the schemas'
+-- own entries below), with its owner and whether this script makes it.
+CREATE OR REPLACE FUNCTION pg_temp.leasewrap_found()
+RETURNS TABLE (classid oid, objid oid, what text, owner oid, listed boolean)
+LANGUAGE sql
+STABLE
+AS $found$
+    WITH present AS (
+        SELECT d.classid, d.objid
+            FROM pg_catalog.pg_depend AS d, pg_catalog.pg_namespace AS n
+            WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+              AND d.refobjid OPERATOR(pg_catalog.=) n.oid AND d.deptype OPERATOR(pg_catalog.=) 'n'
+              AND n.nspname OPERATOR(pg_catalog.=) ANY ('{leasewrap,leasewrap_data}'::pg_catalog.name[])
+        UNION
+        SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid
+            FROM pg_catalog.pg_namespace AS n
+            WHERE n.nspname OPERATOR(pg_catalog.=) ANY ('{leasewrap,leasewrap_data}'::pg_catalog.name[])
+    ), known AS (
+        SELECT CASE o.kind
+                   WHEN 'schema' THEN pg_catalog.to_regnamespace(o.identity)::pg_catalog.oid
+                   WHEN 'function' THEN pg_catalog.to_regprocedure(o.identity)::pg_catalog.oid
+                   WHEN 'old function' THEN pg_catalog.to_regprocedure(o.identity)::pg_catalog.oid
+                   ELSE pg_catalog.to_regclass(o.identity)::pg_catalog.oid
+               END AS objid
+            FROM pg_temp.leasewrap_objects AS o
+    )
+    SELECT p.classid, p.objid, pg_catalog.pg_describe_object(p.classid, p.objid, 0),
+           coalesce((SELECT s.refobjid FROM pg_catalog.pg_shdepend AS s
+                         WHERE s.classid OPERATOR(pg_catalog.=) p.classid
+                           AND s.objid OPERATOR(pg_catalog.=) p.objid
+                           AND s.deptype OPERATOR(pg_catalog.=) 'o'),
+                    10::pg_catalog.oid),
+           p.objid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT k.objid FROM known AS k
+                                                      WHERE k.objid IS NOT NULL))
+        FROM present AS p;
+$found$;
 
 -- What is there already, and whether this script may build on it. Every refusal comes before
 -- anything is changed, and the transaction then rolls back.
 DO $check$
 DECLARE
     owner_role pg_catalog.pg_roles%ROWTYPE;
-    schema_owner name;
     token_type text;
     installed integer;
-    stranger text;
+    refused text;
 BEGIN
     IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user) THEN
         RAISE EXCEPTION 'leasewrap fence: install it as a superuser (this is %)', current_user
             USING ERRCODE = '42501',
-                  HINT = 'it makes the role leasewrap_fence and gives it the schema leasewrap';
+                  HINT = 'it makes the role leasewrap_fence and gives it the schemas leasewrap and leasewrap_data';
     END IF;
+    -- One run at a time (the numbers are this script's own): a second run waits for the first
+    -- to commit, and then checks what it made.
+    BEGIN
+        PERFORM pg_catalog.pg_advisory_xact_lock(1819763045, 1852793707);
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'leasewrap fence: another run of this script has been installing the fence for longer than lock_timeout (3s); nothing was changed'
+            USING ERRCODE = '55P03', HINT = 'run this again once it has ended';
+    END;
     -- Made here if missing (another install may be making it at the same time: then this one
     -- waits for it, and checks what it made).
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'leasewrap_fence') THEN
@@ -68,42 +150,94 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'find out who made it; drop it or make it NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS, with no members and no memberships';
     END IF;
-    SELECT pg_catalog.pg_get_userbyid(n.nspowner) INTO schema_owner
-        FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'leasewrap';
-    IF schema_owner IS NOT NULL AND schema_owner <> 'leasewrap_fence'
-            AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = schema_owner) THEN
-        RAISE EXCEPTION 'leasewrap fence: the schema leasewrap belongs to the role %, not to leasewrap_fence: it was not made by this script, and that role could replace the fence', schema_owner
+    SELECT string_agg(format('the schema %I belongs to the role %s', n.nspname,
+                             pg_catalog.pg_get_userbyid(n.nspowner)), '; ') INTO refused
+        FROM pg_catalog.pg_namespace AS n
+        WHERE n.nspname IN ('leasewrap', 'leasewrap_data') AND n.nspowner <> owner_role.oid
+          AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.oid = n.nspowner);
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION 'leasewrap fence: %, not to leasewrap_fence: it was not made by this script, and that role could replace the fence', refused
             USING ERRCODE = '42501',
-                  HINT = 'find out who made it and what is in it; drop it (DROP SCHEMA leasewrap CASCADE) and run this again';
+                  HINT = 'find out who made it and what is in it; drop it (DROP SCHEMA ... CASCADE) and run this again';
     END IF;
-    SELECT c.relname || ' (owner ' || pg_catalog.pg_get_userbyid(c.relowner) || ')' INTO stranger
-        FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_roles AS r ON r.oid = c.relowner
-        WHERE c.relnamespace = pg_catalog.to_regnamespace('leasewrap')
-          AND r.rolname <> 'leasewrap_fence' AND NOT r.rolsuper
-        UNION ALL
-        SELECT p.oid::pg_catalog.regprocedure::text || ' (owner ' || pg_catalog.pg_get_userbyid(p.proowner) || ')'
-        FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner
-        WHERE p.pronamespace = pg_catalog.to_regnamespace('leasewrap')
-          AND r.rolname <> 'leasewrap_fence' AND NOT r.rolsuper
-        LIMIT 1;
-    IF stranger IS NOT NULL THEN
-        RAISE EXCEPTION 'leasewrap fence: leasewrap.% is not leasewrap''s: it belongs to another role', stranger
+    -- A function this script does not make (an overload of the fence, say, that catches calls
+    -- whose arguments are varchar or bigint), a table, a type: nothing in the two schemas is
+    -- another role's, or unknown to this script, whoever made it.
+    SELECT string_agg(format('%s (owner %s)', f.what, pg_catalog.pg_get_userbyid(f.owner)), '; '
+                      ORDER BY f.what) INTO refused
+        FROM pg_temp.leasewrap_found() AS f
+        WHERE NOT f.listed
+           OR (f.owner <> owner_role.oid
+               AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.oid = f.owner));
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION 'leasewrap fence: not made by this script, or another role''s: %', refused
             USING ERRCODE = '42501', HINT = 'find out who made it; drop it and run this again';
+    END IF;
+    -- What would run, or hold a lock, inside every fence as its owner: triggers (a foreign key
+    -- of another table is one), rules, row security.
+    SELECT string_agg(DISTINCT d.what, '; ') INTO refused FROM (
+        SELECT CASE WHEN t.tgconstraint = 0 THEN format('trigger %I on %s', t.tgname, t.tgrelid::regclass)
+                    ELSE format('the foreign key %I of %s, which references %s', c.conname,
+                                c.conrelid::regclass, t.tgrelid::regclass)
+               END
+            FROM pg_catalog.pg_trigger AS t LEFT JOIN pg_catalog.pg_constraint AS c ON c.oid = t.tgconstraint
+            WHERE t.tgrelid IN (SELECT f.objid FROM pg_temp.leasewrap_found() AS f
+                                WHERE f.classid = 'pg_catalog.pg_class'::regclass)
+        UNION ALL
+        SELECT format('rule %I on %s', w.rulename, w.ev_class::regclass)
+            FROM pg_catalog.pg_rewrite AS w
+            WHERE w.ev_class IN (SELECT f.objid FROM pg_temp.leasewrap_found() AS f
+                                 WHERE f.classid = 'pg_catalog.pg_class'::regclass)
+        UNION ALL
+        SELECT format('policy %I on %s', p.polname, p.polrelid::regclass)
+            FROM pg_catalog.pg_policy AS p
+            WHERE p.polrelid IN (SELECT f.objid FROM pg_temp.leasewrap_found() AS f
+                                 WHERE f.classid = 'pg_catalog.pg_class'::regclass)
+        UNION ALL
+        SELECT format('row level security on %s', c.oid::regclass)
+            FROM pg_catalog.pg_class AS c
+            WHERE (c.relrowsecurity OR c.relforcerowsecurity)
+              AND c.oid IN (SELECT f.objid FROM pg_temp.leasewrap_found() AS f
+                            WHERE f.classid = 'pg_catalog.pg_class'::regclass)
+    ) AS d(what);
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION 'leasewrap fence: %: it would run (or lock) inside every fence, as the fence''s owner', refused
+            USING ERRCODE = '42501', HINT = 'find out who made it; drop it and run this again';
+    END IF;
+    -- What leasewrap_fence owns elsewhere runs with its rights on the fence's tables: only a
+    -- role that once was a member of it (or a superuser) made it. Other databases' objects
+    -- cannot be seen from here: the install there checks them.
+    SELECT string_agg(DISTINCT pg_catalog.pg_describe_object(s.classid, s.objid, s.objsubid), '; ')
+        INTO refused
+        FROM pg_catalog.pg_shdepend AS s
+        WHERE s.refclassid = 'pg_catalog.pg_authid'::regclass AND s.refobjid = owner_role.oid
+          AND s.deptype = 'o' AND s.classid <> 'pg_catalog.pg_default_acl'::regclass
+          AND (s.dbid = 0 OR s.dbid = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                        WHERE d.datname = current_database()))
+          AND (s.classid, s.objid) NOT IN (SELECT f.classid, f.objid FROM pg_temp.leasewrap_found() AS f);
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION 'leasewrap fence: the role leasewrap_fence owns %: whatever runs as it may change the fence''s tables', refused
+            USING ERRCODE = '42501',
+                  HINT = 'find out who made it (a role that was a member of leasewrap_fence); drop it and run this again';
     END IF;
     SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) INTO token_type
         FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid = pg_catalog.to_regclass('leasewrap.fence') AND a.attname = 'token'
-          AND NOT a.attisdropped;
-    IF pg_catalog.to_regclass('leasewrap.fence') IS NOT NULL
+        WHERE a.attrelid = coalesce(pg_catalog.to_regclass('leasewrap_data.fence'),
+                                    pg_catalog.to_regclass('leasewrap.fence'))
+          AND a.attname = 'token' AND NOT a.attisdropped;
+    IF coalesce(pg_catalog.to_regclass('leasewrap_data.fence'), pg_catalog.to_regclass('leasewrap.fence')) IS NOT NULL
             AND token_type IS DISTINCT FROM 'numeric(20,0)' THEN
-        RAISE EXCEPTION 'leasewrap fence: leasewrap.fence.token is %, not numeric(20,0): it cannot hold every fencing token (0 to 18446744073709551615)', coalesce(token_type, 'missing')
+        RAISE EXCEPTION 'leasewrap fence: the fence table''s token is %, not numeric(20,0): it cannot hold every fencing token (0 to 18446744073709551615)', coalesce(token_type, 'missing')
             USING ERRCODE = '42804',
-                  HINT = 'while no job runs: ALTER TABLE leasewrap.fence ALTER COLUMN token TYPE numeric(20,0); then run this again';
+                  HINT = format('while no job runs: ALTER TABLE %s ALTER COLUMN token TYPE numeric(20,0); then run this again',
+                                coalesce(pg_catalog.to_regclass('leasewrap_data.fence'), pg_catalog.to_regclass('leasewrap.fence')));
     END IF;
-    IF pg_catalog.to_regclass('leasewrap.installed') IS NOT NULL THEN
-        EXECUTE 'SELECT max(version) FROM leasewrap.installed' INTO installed;
-        IF installed > 2 THEN
-            RAISE EXCEPTION 'leasewrap fence: version % is installed, and this script is version 2', installed
+    IF coalesce(pg_catalog.to_regclass('leasewrap_data.installed'), pg_catalog.to_regclass('leasewrap.installed')) IS NOT NULL THEN
+        EXECUTE format('SELECT max(version) FROM %s', coalesce(pg_catalog.to_regclass('leasewrap_data.installed'),
+                                                             pg_catalog.to_regclass('leasewrap.installed')))
+            INTO installed;
+        IF installed > 3 THEN
+            RAISE EXCEPTION 'leasewrap fence: version % is installed, and this script is version 3', installed
                 USING ERRCODE = '42710',
                       HINT = 'install the fence-sql of the leasewrap that made it, or a newer one';
         END IF;
@@ -111,70 +245,146 @@ BEGIN
 END;
 $check$;
 
-CREATE SCHEMA IF NOT EXISTS leasewrap AUTHORIZATION leasewrap_fence;
-ALTER SCHEMA leasewrap OWNER TO leasewrap_fence;
-REVOKE ALL ON SCHEMA leasewrap FROM PUBLIC;
+-- What was there before this run: what is made now gets no right it did not get from here.
+CREATE TEMPORARY TABLE leasewrap_existed ON COMMIT DROP AS
+SELECT f.objid FROM pg_temp.leasewrap_found() AS f;
 
--- The version that was there before this run (1 for leasewrap's first fence, which had no such
--- table; NULL for none), for the upgrade steps below.
+-- The version that was there before this run (1 for leasewrap's first fence, which had no
+-- installed table; 2 for the one whose tables were in the schema leasewrap; NULL for none).
 CREATE TEMPORARY TABLE leasewrap_before ON COMMIT DROP AS
 SELECT CASE
+           WHEN pg_catalog.to_regclass('leasewrap_data.installed') IS NOT NULL THEN 3
            WHEN pg_catalog.to_regclass('leasewrap.installed') IS NOT NULL THEN 2
            WHEN pg_catalog.to_regclass('leasewrap.fence') IS NOT NULL THEN 1
        END AS version;
 
+-- The locks of what this run changes in place: an upgrade moves the tables, and a table an
+-- owner other than leasewrap_fence has gets it. A fence in progress holds its table until its
+-- transaction ends, and every fence after this run's request waits behind the request: the
+-- wait is bounded, and taken first, so that nothing is half done and no fence can wait on
+-- this run while this run waits on it. A re-run that changes nothing in place takes no lock.
+DO $lock$
+DECLARE
+    changed text;
+    holders text;
+BEGIN
+    SELECT string_agg(c.oid::regclass::text, ', ' ORDER BY c.relname) INTO changed
+        FROM pg_catalog.pg_class AS c
+        WHERE c.oid IN (SELECT f.objid FROM pg_temp.leasewrap_found() AS f
+                        WHERE f.classid = 'pg_catalog.pg_class'::regclass)
+          AND (c.relnamespace = pg_catalog.to_regnamespace('leasewrap')
+               OR c.relowner <> 'leasewrap_fence'::regrole);
+    IF changed IS NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', changed);
+    DROP FUNCTION IF EXISTS leasewrap.grant_fence(regrole, boolean);
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    SELECT string_agg(DISTINCT format('pid %s (role %s, %s)', l.pid, a.usename, a.state), ', ') INTO holders
+        FROM pg_catalog.pg_locks AS l JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+        WHERE l.granted AND l.pid <> pg_catalog.pg_backend_pid()
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+          AND l.relation IN (SELECT f.objid FROM pg_temp.leasewrap_found() AS f
+                             WHERE f.classid = 'pg_catalog.pg_class'::regclass);
+    RAISE EXCEPTION 'leasewrap fence: this run changes % in place, and a transaction held it for longer than lock_timeout (3s): %; nothing was changed', changed, coalesce(holders, 'it has ended since')
+        USING ERRCODE = '55P03',
+              HINT = 'run this again once the jobs inside their fences have committed (an upgrade does this once)';
+END;
+$lock$;
+
+CREATE SCHEMA IF NOT EXISTS leasewrap AUTHORIZATION leasewrap_fence;
+CREATE SCHEMA IF NOT EXISTS leasewrap_data AUTHORIZATION leasewrap_fence;
+ALTER SCHEMA leasewrap OWNER TO leasewrap_fence;
+ALTER SCHEMA leasewrap_data OWNER TO leasewrap_fence;
+
+-- Versions 1 and 2 kept the tables in the schema leasewrap, where every job's role has USAGE:
+-- with it, a role takes a table's lock before its rights are checked (CREATE TRIGGER, a foreign
+-- key to it, PREPARE of a query on it), and one queued behind a long fence makes every other
+-- fence wait. They move to leasewrap_data with their rows.
+DO $move$
+DECLARE
+    moved regclass;
+BEGIN
+    FOR moved IN SELECT c.oid FROM pg_catalog.pg_class AS c
+                 WHERE c.relnamespace = pg_catalog.to_regnamespace('leasewrap') AND c.relkind = 'r' LOOP
+        EXECUTE format('ALTER TABLE %s SET SCHEMA leasewrap_data', moved);
+    END LOOP;
+END;
+$move$;
+
 -- One row per lease NAME: the highest fencing token a transaction has committed under.
 -- numeric(20,0) holds every u64; bigint is signed and would not.
-CREATE TABLE IF NOT EXISTS leasewrap.fence (
+CREATE TABLE IF NOT EXISTS leasewrap_data.fence (
     name text PRIMARY KEY,
     token numeric(20,0) NOT NULL,
     fenced_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
-ALTER TABLE leasewrap.fence OWNER TO leasewrap_fence;
 
 -- Which roles may fence which names: a NAME, or a PREFIX followed by * (every name that starts
 -- with PREFIX; * alone is every name).
-CREATE TABLE IF NOT EXISTS leasewrap.allowed (
+CREATE TABLE IF NOT EXISTS leasewrap_data.allowed (
     role regrole NOT NULL,
     names text NOT NULL
-        CHECK (names OPERATOR(pg_catalog.~) '^([A-Za-z0-9._@:+=-]{1,128}|[A-Za-z0-9._@:+=-]{0,127}[*])$'::text),
+        CHECK (names OPERATOR(pg_catalog.~) '^([A-Za-z0-9._@:+=-]{1,128}|[A-Za-z0-9._@:+=-]{0,127}[*])$'::pg_catalog.text),
     PRIMARY KEY (role, names)
 );
-ALTER TABLE leasewrap.allowed OWNER TO leasewrap_fence;
 
 -- The version installed.
-CREATE TABLE IF NOT EXISTS leasewrap.installed (
+CREATE TABLE IF NOT EXISTS leasewrap_data.installed (
     version integer NOT NULL,
     installed_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
-ALTER TABLE leasewrap.installed OWNER TO leasewrap_fence;
 
--- The checks of leasewrap.fence, made (again) with the search_path above: version 1 made them
+-- What this script made, and who gets a right on it (leasewrap_objects, above): what a tie
+-- grants is read from here.
+CREATE TABLE IF NOT EXISTS leasewrap_data.objects (
+    kind text NOT NULL,
+    identity text PRIMARY KEY,
+    for_whom text
+);
+DELETE FROM leasewrap_data.objects;
+INSERT INTO leasewrap_data.objects (kind, identity, for_whom)
+    SELECT o.kind, o.identity, o.for_whom FROM pg_temp.leasewrap_objects AS o
+    WHERE o.kind OPERATOR(pg_catalog.!~~) 'old %';
+
+DO $owners$
+DECLARE
+    table_made regclass;
+BEGIN
+    FOR table_made IN SELECT c.oid FROM pg_catalog.pg_class AS c
+                      WHERE c.relnamespace = pg_catalog.to_regnamespace('leasewrap_data')
+                        AND c.relkind = 'r' AND c.relowner <> 'leasewrap_fence'::regrole LOOP
+        EXECUTE format('ALTER TABLE %s OWNER TO leasewrap_fence', table_made);
+    END LOOP;
+END;
+$owners$;
+
+-- The checks of the fence table, made (again) with the search_path above: version 1 made them
 -- with the installer's, where a planted operator could have been resolved.
 DO $constraints$
 BEGIN
     IF (SELECT version FROM pg_temp.leasewrap_before) = 1 THEN
-        IF EXISTS (SELECT FROM leasewrap.fence AS f
-                   WHERE f.name OPERATOR(pg_catalog.!~) '^[A-Za-z0-9._@:+=-]{1,128}$'::text) THEN
+        IF EXISTS (SELECT FROM leasewrap_data.fence AS f
+                   WHERE f.name OPERATOR(pg_catalog.!~) '^[A-Za-z0-9._@:+=-]{1,128}$'::pg_catalog.text) THEN
             RAISE EXCEPTION 'leasewrap fence: leasewrap.fence has rows whose name is not a lease name (1 to 128 ASCII letters, digits and ._-@:+=)'
                 USING ERRCODE = '23514',
                       HINT = 'see them with SELECT name FROM leasewrap.fence; delete them and run this again';
         END IF;
-        ALTER TABLE leasewrap.fence DROP CONSTRAINT IF EXISTS fence_name_check;
-        ALTER TABLE leasewrap.fence DROP CONSTRAINT IF EXISTS fence_token_check;
+        ALTER TABLE leasewrap_data.fence DROP CONSTRAINT IF EXISTS fence_name_check;
+        ALTER TABLE leasewrap_data.fence DROP CONSTRAINT IF EXISTS fence_token_check;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_constraint AS c
-                   WHERE c.conrelid = 'leasewrap.fence'::pg_catalog.regclass
+                   WHERE c.conrelid = 'leasewrap_data.fence'::pg_catalog.regclass
                      AND c.conname = 'fence_name_check') THEN
-        ALTER TABLE leasewrap.fence ADD CONSTRAINT fence_name_check
-            CHECK (name OPERATOR(pg_catalog.~) '^[A-Za-z0-9._@:+=-]{1,128}$'::text);
+        ALTER TABLE leasewrap_data.fence ADD CONSTRAINT fence_name_check
+            CHECK (name OPERATOR(pg_catalog.~) '^[A-Za-z0-9._@:+=-]{1,128}$'::pg_catalog.text);
     END IF;
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_constraint AS c
-                   WHERE c.conrelid = 'leasewrap.fence'::pg_catalog.regclass
+                   WHERE c.conrelid = 'leasewrap_data.fence'::pg_catalog.regclass
                      AND c.conname = 'fence_token_check') THEN
-        ALTER TABLE leasewrap.fence ADD CONSTRAINT fence_token_check
-            CHECK (token OPERATOR(pg_catalog.>=) 0::numeric
-                   AND token OPERATOR(pg_catalog.<=) 18446744073709551615::numeric);
+        ALTER TABLE leasewrap_data.fence ADD CONSTRAINT fence_token_check
+            CHECK (token OPERATOR(pg_catalog.>=) 0::pg_catalog.numeric
+                   AND token OPERATOR(pg_catalog.<=) 18446744073709551615::pg_catalog.numeric);
     END IF;
 END;
 $constraints$;
@@ -182,10 +392,42 @@ $constraints$;
 -- The settings an administrator gave the functions (ALTER FUNCTION ... SET lock_timeout = ...),
 -- which CREATE OR REPLACE below would drop: they are put back after it.
 CREATE TEMPORARY TABLE leasewrap_settings ON COMMIT DROP AS
-SELECT p.oid::pg_catalog.regprocedure AS fn, s.setting
+SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text AS fn, s.setting
     FROM pg_catalog.pg_proc AS p, pg_catalog.unnest(p.proconfig) AS s(setting)
     WHERE p.pronamespace = pg_catalog.to_regnamespace('leasewrap')
-      AND s.setting OPERATOR(pg_catalog.!~~) 'search_path=%'::text;
+      AND s.setting OPERATOR(pg_catalog.!~~) 'search_path=%'::pg_catalog.text;
+
+-- Whether a tie (a NAME, PREFIX* or *) covers the lease name NAME: the one rule of what a tie
+-- covers, for the fence's check and for the overlaps allow() warns of. Plain SQL with every
+-- name qualified, so that the planner inlines it where it is used.
+CREATE OR REPLACE FUNCTION leasewrap_data.covers(names text, name text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $covers$
+    SELECT names OPERATOR(pg_catalog.=) name
+        OR (pg_catalog.right(names, 1) OPERATOR(pg_catalog.=) '*'::pg_catalog.text
+            AND pg_catalog.left(name, pg_catalog.length(names) OPERATOR(pg_catalog.-) 1)
+                OPERATOR(pg_catalog.=) pg_catalog.left(names, pg_catalog.length(names) OPERATOR(pg_catalog.-) 1));
+$covers$;
+
+-- Who may use the lease name NAME: a row when the role that logged in is a member of a role
+-- tied to names that cover NAME (a superuser is a member of every role). The role is
+-- session_user: current_user, inside a fence, is its owner, and SET ROLE does not change
+-- session_user. Every function that uses a name asks here, as EXISTS (SELECT FROM
+-- leasewrap_data.may_use(NAME)): a set-returning SQL function with no SET clause and every name
+-- in it qualified is inlined into that query by the planner, where a call of its own would cost
+-- the fence as much again as its write.
+CREATE OR REPLACE FUNCTION leasewrap_data.may_use(name text)
+RETURNS SETOF boolean
+LANGUAGE sql
+STABLE
+AS $may_use$
+    SELECT true FROM leasewrap_data.allowed AS a
+    WHERE leasewrap_data.covers(a.names, may_use.name)
+      AND pg_catalog.pg_has_role(session_user, a.role, 'MEMBER'::pg_catalog.text)
+    LIMIT 1;
+$may_use$;
 
 -- The fence. Every bad input gets LWF02 (a token of any text, '1e1000000' and 'NaN' included, is
 -- parsed here, not by numeric's input); a name is checked by leasewrap's own rule for lease names.
@@ -218,15 +460,7 @@ BEGIN
                   HINT = 'pass the token leasewrap gave, with psql''s -v token="$LEASEWRAP_FENCING_TOKEN"';
     END IF;
     wanted := token::numeric;
-    -- Only the names tied to a role that the session's role is a member of (a superuser is a
-    -- member of every role). session_user is the role that logged in: SET ROLE does not change
-    -- it, and current_user here is leasewrap_fence.
-    IF NOT EXISTS (SELECT FROM leasewrap.allowed AS a
-                       WHERE (a.names = fence.name
-                              OR (right(a.names, 1) = '*'::text
-                                  AND left(fence.name, length(a.names) - 1)
-                                      = left(a.names, length(a.names) - 1)))
-                         AND pg_has_role(session_user, a.role, 'MEMBER'::text)) THEN
+    IF NOT EXISTS (SELECT FROM leasewrap_data.may_use(fence.name)) THEN
         RAISE EXCEPTION 'leasewrap.fence: role % may not fence "%"', session_user, name
             USING ERRCODE = '42501',
                   HINT = format('an administrator ties names to roles: SELECT leasewrap.allow(%L, %L)',
@@ -234,14 +468,14 @@ BEGIN
     END IF;
     -- ON CONFLICT DO UPDATE locks the conflicting row even when its WHERE is false, so a
     -- refused fence has also waited for the transaction that holds the row.
-    INSERT INTO leasewrap.fence AS f (name, token)
+    INSERT INTO leasewrap_data.fence AS f (name, token)
         VALUES (fence.name, wanted)
         ON CONFLICT ON CONSTRAINT fence_pkey DO UPDATE
             SET token = EXCLUDED.token, fenced_at = now()
             WHERE f.token <= EXCLUDED.token
         RETURNING f.token, f.xmin::text INTO stored, row_xmin;
     IF NOT FOUND THEN
-        SELECT f.token INTO stored FROM leasewrap.fence AS f WHERE f.name = fence.name;
+        SELECT f.token INTO stored FROM leasewrap_data.fence AS f WHERE f.name = fence.name;
         RAISE EXCEPTION 'stale fencing token % for "%": % is recorded', wanted, name, stored
             USING ERRCODE = 'LWF01',
                   HINT = 'a newer holder of the lease has written; this transaction must not';
@@ -268,107 +502,295 @@ AS $fence$
     SELECT leasewrap.fence(name, token::text);
 $fence$;
 
--- Grants (or revokes) role USAGE on the schema and EXECUTE on both fence functions.
-CREATE OR REPLACE FUNCTION leasewrap.grant_fence(role regrole, grant_it boolean)
+-- Every name and its token, for the roles an administrator lets read them
+-- (GRANT USAGE ON SCHEMA leasewrap, EXECUTE ON FUNCTION leasewrap.fences() TO monitor): no role
+-- but the owner may read the table itself, or lock its rows.
+CREATE OR REPLACE FUNCTION leasewrap.fences()
+RETURNS TABLE (name text, token numeric, fenced_at timestamptz)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fences$
+    SELECT f.name, f.token, f.fenced_at FROM leasewrap_data.fence AS f ORDER BY f.name;
+$fences$;
+
+-- Grants (or revokes) role what a tie gives it: the objects listed for 'tied' (USAGE on the
+-- schema leasewrap, EXECUTE on the fence). A role dropped since it was tied has nothing left to
+-- grant or revoke; a role that reads with fences() keeps its USAGE.
+CREATE OR REPLACE FUNCTION leasewrap_data.grant_to(role regrole, grant_it boolean)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-AS $grant$
+AS $grant_to$
 DECLARE
-    verb text := CASE WHEN grant_it THEN 'GRANT %s %s TO %s' ELSE 'REVOKE %s %s FROM %s' END;
+    made record;
 BEGIN
-    EXECUTE format(verb, 'USAGE ON SCHEMA', 'leasewrap', role);
-    EXECUTE format(verb, 'EXECUTE ON FUNCTION', 'leasewrap.fence(text, text), leasewrap.fence(text, numeric)', role);
+    IF NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.oid = role) THEN
+        RETURN;
+    END IF;
+    FOR made IN SELECT o.kind, o.identity FROM leasewrap_data.objects AS o WHERE o.for_whom = 'tied' LOOP
+        CONTINUE WHEN NOT grant_it AND made.kind = 'schema'
+            AND EXISTS (SELECT FROM leasewrap_data.objects AS g
+                        WHERE g.for_whom = 'granted'
+                          AND has_function_privilege(role, to_regprocedure(g.identity), 'EXECUTE'));
+        EXECUTE format(CASE WHEN grant_it THEN 'GRANT %s ON %s %s TO %s' ELSE 'REVOKE %s ON %s %s FROM %s' END,
+                       CASE made.kind WHEN 'schema' THEN 'USAGE' ELSE 'EXECUTE' END,
+                       upper(made.kind), made.identity, role);
+    END LOOP;
 END;
-$grant$;
+$grant_to$;
 
--- Lets role fence names: a NAME, PREFIX* or *. Grants the role USAGE on the schema and EXECUTE
--- on both fence functions; nothing on the tables.
+-- Lets role fence names: a NAME, PREFIX* or *. Grants the role what a tie gives (USAGE on the
+-- schema leasewrap, EXECUTE on the fence); nothing on the tables. Warns of another role's tie
+-- that covers a name this one covers too: each of the two may record a token the other's
+-- holders cannot pass (18446744073709551615 stops every later holder of that name).
 CREATE OR REPLACE FUNCTION leasewrap.allow(role regrole, names text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $allow$
+DECLARE
+    other record;
 BEGIN
-    IF role IS NULL OR role = 0::oid::regrole OR names IS NULL
+    IF role IS NULL OR NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.oid = role) OR names IS NULL
        OR names !~ '^([A-Za-z0-9._@:+=-]{1,128}|[A-Za-z0-9._@:+=-]{0,127}[*])$'::text THEN
         RAISE EXCEPTION 'leasewrap.allow: % is not a role and a lease name, PREFIX* or *',
                 format('%s, %s', coalesce(role::text, 'NULL'), coalesce(to_json(left(names, 64))::text, 'NULL'))
             USING ERRCODE = 'LWF02';
     END IF;
-    PERFORM leasewrap.grant_fence(role, true);
-    INSERT INTO leasewrap.allowed (role, names) VALUES (allow.role, allow.names)
+    PERFORM leasewrap_data.grant_to(role, true);
+    INSERT INTO leasewrap_data.allowed (role, names) VALUES (allow.role, allow.names)
         ON CONFLICT DO NOTHING;
+    FOR other IN SELECT a.role, a.names FROM leasewrap_data.allowed AS a
+                 WHERE a.role <> allow.role
+                   AND (leasewrap_data.covers(a.names, rtrim(allow.names, '*'))
+                        OR leasewrap_data.covers(allow.names, rtrim(a.names, '*')))
+                 ORDER BY a.role::text, a.names LOOP
+        RAISE WARNING '%', format('leasewrap.allow: role %s (%s) and role %s (%s) may both fence a name: either may record a token that stops the other''s holders',
+                                  role, names, other.role, other.names)
+            USING HINT = 'give each role names no other role''s names cover, such as a prefix of its own that ends in a dot (etl.*, report.*)';
+    END LOOP;
 END;
 $allow$;
 
--- Undoes allow(role, names); the role's grants go with its last tie.
+-- Undoes allow(role, names), also for a role dropped since; the role's grants go with its last
+-- tie.
 CREATE OR REPLACE FUNCTION leasewrap.disallow(role regrole, names text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $disallow$
 BEGIN
-    DELETE FROM leasewrap.allowed AS a WHERE a.role = disallow.role AND a.names = disallow.names;
-    IF NOT EXISTS (SELECT FROM leasewrap.allowed AS a WHERE a.role = disallow.role) THEN
-        PERFORM leasewrap.grant_fence(role, false);
+    DELETE FROM leasewrap_data.allowed AS a WHERE a.role = disallow.role AND a.names = disallow.names;
+    IF NOT EXISTS (SELECT FROM leasewrap_data.allowed AS a WHERE a.role = disallow.role) THEN
+        PERFORM leasewrap_data.grant_to(role, false);
     END IF;
 END;
 $disallow$;
 
-ALTER FUNCTION leasewrap.fence(text, text) OWNER TO leasewrap_fence;
-ALTER FUNCTION leasewrap.fence(text, numeric) OWNER TO leasewrap_fence;
-ALTER FUNCTION leasewrap.allow(regrole, text) OWNER TO leasewrap_fence;
-ALTER FUNCTION leasewrap.disallow(regrole, text) OWNER TO leasewrap_fence;
-ALTER FUNCTION leasewrap.grant_fence(regrole, boolean) OWNER TO leasewrap_fence;
-REVOKE ALL ON FUNCTION leasewrap.fence(text, text), leasewrap.fence(text, numeric),
-    leasewrap.allow(regrole, text), leasewrap.disallow(regrole, text),
-    leasewrap.grant_fence(regrole, boolean) FROM PUBLIC;
-
--- The administrator's settings back; on a first install (or from version 1) the fence's own
--- wait gets its bound.
+-- The functions' owner, and the administrator's settings back; on a first install (or from
+-- version 1) the fence's own wait gets its bound.
 DO $settings$
 DECLARE
+    made record;
     kept record;
 BEGIN
-    FOR kept IN SELECT * FROM pg_temp.leasewrap_settings LOOP
+    FOR made IN SELECT o.identity FROM leasewrap_data.objects AS o
+                WHERE o.kind = 'function'
+                  AND (SELECT p.proowner FROM pg_catalog.pg_proc AS p
+                       WHERE p.oid = pg_catalog.to_regprocedure(o.identity)) <> 'leasewrap_fence'::regrole LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO leasewrap_fence', made.identity);
+    END LOOP;
+    FOR kept IN SELECT * FROM pg_temp.leasewrap_settings AS s
+                WHERE pg_catalog.to_regprocedure(s.fn) IS NOT NULL LOOP
         EXECUTE format('ALTER FUNCTION %s SET %s TO %L', kept.fn,
                        split_part(kept.setting, '=', 1),
                        substr(kept.setting, strpos(kept.setting, '=') + 1));
     END LOOP;
-    IF (SELECT version FROM pg_temp.leasewrap_before) IS DISTINCT FROM 2 THEN
+    IF (SELECT version FROM pg_temp.leasewrap_before) IS DISTINCT FROM 2
+            AND (SELECT version FROM pg_temp.leasewrap_before) IS DISTINCT FROM 3 THEN
         ALTER FUNCTION leasewrap.fence(text, text) SET lock_timeout = '2min';
     END IF;
 END;
 $settings$;
 
--- From version 1: the job roles had SELECT, INSERT and UPDATE on leasewrap.fence, which let
--- one job reset or poison another's row. Their write rights go; each such role may go on
--- fencing every name (*) until an administrator ties it to its own names.
-DO $from_version_1$
+-- Keeps on every object this script made (of those that were not there before the run, with
+-- `fresh`) its owner's rights and, unless `fresh`, the rights its entry in leasewrap_data.objects
+-- gives; nothing else: not what default privileges gave it when it was made (ALTER DEFAULT
+-- PRIVILEGES ... GRANT ... TO app_rw), not a column's grant, not TRIGGER or REFERENCES, not
+-- CREATE on a schema, not PUBLIC's EXECUTE.
+CREATE OR REPLACE FUNCTION pg_temp.leasewrap_keep_only_documented(fresh boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $keep$
 DECLARE
-    job regrole;
+    tied oid[] := ARRAY(SELECT DISTINCT a.role::oid FROM leasewrap_data.allowed AS a);
+    readers oid[];
+    made record;
+    entry record;
+    kept text;
 BEGIN
-    IF (SELECT version FROM pg_temp.leasewrap_before) IS DISTINCT FROM 1 THEN
+    readers := ARRAY(SELECT DISTINCT acl.grantee
+                     FROM leasewrap_data.objects AS o, pg_catalog.pg_proc AS p, aclexplode(p.proacl) AS acl
+                     WHERE o.for_whom = 'granted' AND p.oid = pg_catalog.to_regprocedure(o.identity)
+                       AND acl.grantee <> 0 AND acl.grantee <> p.proowner);
+    FOR made IN
+        SELECT o.kind, o.identity, o.for_whom, x.owner, coalesce(x.acl, acldefault(x.code, x.owner)) AS acl
+        FROM leasewrap_data.objects AS o,
+             LATERAL (SELECT n.oid, n.nspowner, n.nspacl, 'n'::"char" FROM pg_catalog.pg_namespace AS n
+                          WHERE o.kind = 'schema' AND n.nspname = o.identity
+                      UNION ALL
+                      SELECT c.oid, c.relowner, c.relacl, 'r'::"char" FROM pg_catalog.pg_class AS c
+                          WHERE o.kind = 'table' AND c.oid = pg_catalog.to_regclass(o.identity)
+                      UNION ALL
+                      SELECT p.oid, p.proowner, p.proacl, 'f'::"char" FROM pg_catalog.pg_proc AS p
+                          WHERE o.kind = 'function' AND p.oid = pg_catalog.to_regprocedure(o.identity))
+                 AS x(objid, owner, acl, code)
+        WHERE NOT fresh OR x.objid NOT IN (SELECT e.objid FROM pg_temp.leasewrap_existed AS e)
+    LOOP
+        FOR entry IN
+            SELECT acl.grantee,
+                   array_agg(acl.privilege_type || CASE WHEN acl.is_grantable THEN '*' ELSE '' END
+                             ORDER BY acl.privilege_type) AS privileges
+            FROM aclexplode(made.acl) AS acl
+            GROUP BY acl.grantee
+        LOOP
+            kept := CASE
+                        WHEN entry.grantee = made.owner THEN NULL
+                        WHEN fresh OR entry.grantee = 0 OR made.for_whom IS NULL THEN ''
+                        WHEN made.for_whom = 'granted'
+                             OR entry.grantee = ANY (tied)
+                             OR (made.kind = 'schema' AND entry.grantee = ANY (readers))
+                            THEN CASE made.kind WHEN 'schema' THEN 'USAGE' ELSE 'EXECUTE' END
+                        ELSE ''
+                    END;
+            CONTINUE WHEN kept IS NULL OR entry.privileges = ARRAY[kept];
+            EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', upper(made.kind), made.identity,
+                           CASE WHEN entry.grantee = 0 THEN 'PUBLIC' ELSE entry.grantee::regrole::text END);
+            IF kept <> '' THEN
+                EXECUTE format('GRANT %s ON %s %s TO %s', kept, upper(made.kind), made.identity,
+                               entry.grantee::regrole);
+            END IF;
+        END LOOP;
+        EXECUTE format('GRANT ALL ON %s %s TO leasewrap_fence', upper(made.kind), made.identity);
+    END LOOP;
+    FOR entry IN
+        SELECT DISTINCT a.attrelid::regclass AS table_made, a.attname, acl.grantee
+        FROM leasewrap_data.objects AS o, pg_catalog.pg_attribute AS a, aclexplode(a.attacl) AS acl
+        WHERE o.kind = 'table' AND a.attrelid = pg_catalog.to_regclass(o.identity)
+          AND (NOT fresh OR a.attrelid NOT IN (SELECT e.objid FROM pg_temp.leasewrap_existed AS e))
+    LOOP
+        EXECUTE format('REVOKE ALL (%I) ON TABLE %s FROM %s CASCADE', entry.attname, entry.table_made,
+                       CASE WHEN entry.grantee = 0 THEN 'PUBLIC' ELSE entry.grantee::regrole::text END);
+    END LOOP;
+END;
+$keep$;
+
+-- What the objects made by this run got when they were made (default privileges, PUBLIC's
+-- EXECUTE) goes before anything is granted on them.
+DO $fresh$ BEGIN PERFORM pg_temp.leasewrap_keep_only_documented(true); END; $fresh$;
+
+-- From version 1, whose job roles had rights on the fence table (in its ACL or a column's): a
+-- role that could write it may fence every name (*) until an administrator ties it to its
+-- own; a role that could only read it reads with fences(). Versions 1 and 2 let an
+-- administrator grant a role SELECT on the table: such a role reads with fences() too. The
+-- table rights themselves go with the clean-up below.
+DO $from_older$
+DECLARE
+    before integer := (SELECT version FROM pg_temp.leasewrap_before);
+    grantee record;
+BEGIN
+    IF before IS NULL OR before = 3 THEN
         RETURN;
     END IF;
-    FOR job IN
-        SELECT DISTINCT acl.grantee::regrole
-        FROM pg_class AS c, aclexplode(c.relacl) AS acl
-        WHERE c.oid = 'leasewrap.fence'::regclass AND acl.grantee <> 0::oid
-          AND acl.grantee <> c.relowner
-          AND acl.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')
+    FOR grantee IN
+        SELECT acl.grantee::regrole AS role,
+               bool_or(acl.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')) AS wrote
+        FROM (SELECT (aclexplode(c.relacl)).* FROM pg_catalog.pg_class AS c
+                  WHERE c.oid = 'leasewrap_data.fence'::regclass AND c.relacl IS NOT NULL
+              UNION ALL
+              SELECT (aclexplode(a.attacl)).* FROM pg_catalog.pg_attribute AS a
+                  WHERE a.attrelid = 'leasewrap_data.fence'::regclass AND a.attacl IS NOT NULL) AS acl
+        WHERE acl.grantee <> 0 AND acl.grantee <> 'leasewrap_fence'::regrole
+        GROUP BY acl.grantee
+        ORDER BY acl.grantee::regrole::text
     LOOP
-        EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leasewrap.fence FROM %s', job);
-        PERFORM leasewrap.allow(job, '*');
-        RAISE WARNING 'leasewrap fence: role % may no longer write leasewrap.fence, and may fence every name: tie it to its own with leasewrap.allow(%L, NAME) and leasewrap.disallow(%L, %L)',
-            job, job::text, job::text, '*';
+        IF grantee.wrote AND before = 1 THEN
+            PERFORM leasewrap.allow(grantee.role, '*');
+            RAISE WARNING '%', format('leasewrap fence: role %s may no longer write the fence table, and may fence every name: tie it to its own with leasewrap.allow(%L, NAME) and leasewrap.disallow(%L, %L)',
+                                      grantee.role, grantee.role, grantee.role, '*');
+        ELSIF NOT grantee.wrote THEN
+            EXECUTE format('GRANT USAGE ON SCHEMA leasewrap TO %s', grantee.role);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION leasewrap.fences() TO %s', grantee.role);
+            RAISE WARNING '%', format('leasewrap fence: role %s may no longer read the fence table, which only its owner may now use; it reads every name and token with SELECT * FROM leasewrap.fences()',
+                                      grantee.role);
+        END IF;
     END LOOP;
-    REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leasewrap.fence FROM PUBLIC;
 END;
-$from_version_1$;
+$from_older$;
 
-DELETE FROM leasewrap.installed;
-INSERT INTO leasewrap.installed (version) VALUES (2);
+-- A tie of a role dropped since (DROP OWNED BY, then DROP ROLE) names nobody: it goes.
+DO $dropped$
+DECLARE
+    gone record;
+BEGIN
+    FOR gone IN DELETE FROM leasewrap_data.allowed AS a
+                WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid = a.role)
+                RETURNING a.role::oid AS role, a.names LOOP
+        RAISE WARNING '%', format('leasewrap fence: the role whose OID was %s has been dropped; its tie to %s is removed',
+                                  gone.role, gone.names);
+    END LOOP;
+END;
+$dropped$;
+
+-- Every object: its owner's rights and the documented ones.
+DO $documented$ BEGIN PERFORM pg_temp.leasewrap_keep_only_documented(false); END; $documented$;
+
+
+-- Default privileges of leasewrap_fence (which only a role that could act as it made) would
+-- give its next objects to others: they go, and a global entry gets back the built-in default.
+DO $defaults$
+DECLARE
+    entry record;
+BEGIN
+    FOR entry IN
+        SELECT d.defaclnamespace, d.defaclobjtype, acl.grantee,
+               CASE d.defaclobjtype WHEN 'r' THEN 'TABLES' WHEN 'S' THEN 'SEQUENCES'
+                   WHEN 'f' THEN 'FUNCTIONS' WHEN 'T' THEN 'TYPES' ELSE 'SCHEMAS' END AS objects
+        FROM pg_catalog.pg_default_acl AS d, aclexplode(d.defaclacl) AS acl
+        WHERE d.defaclrole = 'leasewrap_fence'::regrole
+    LOOP
+        EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE leasewrap_fence %s REVOKE ALL ON %s FROM %s',
+                       CASE WHEN entry.defaclnamespace <> 0
+                            THEN format('IN SCHEMA %I', entry.defaclnamespace::regnamespace) ELSE '' END,
+                       entry.objects,
+                       CASE WHEN entry.grantee = 0 THEN 'PUBLIC' ELSE entry.grantee::regrole::text END);
+        IF entry.defaclnamespace = 0 THEN
+            EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE leasewrap_fence GRANT ALL ON %s TO leasewrap_fence',
+                           entry.objects);
+            IF entry.defaclobjtype IN ('f', 'T') THEN
+                EXECUTE format('ALTER DEFAULT PRIVILEGES FOR ROLE leasewrap_fence GRANT ALL ON %s TO PUBLIC',
+                               entry.objects);
+            END IF;
+        END IF;
+    END LOOP;
+END;
+$defaults$;
+
+-- What each tie gives, to every tied role (an upgrade's and a re-run's alike).
+DO $ties$
+DECLARE
+    tied regrole;
+BEGIN
+    FOR tied IN SELECT DISTINCT a.role FROM leasewrap_data.allowed AS a LOOP
+        PERFORM leasewrap_data.grant_to(tied, true);
+    END LOOP;
+END;
+$ties$;
+
+DELETE FROM leasewrap_data.installed;
+INSERT INTO leasewrap_data.installed (version) VALUES (3);
 
 COMMIT;

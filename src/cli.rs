@@ -73,15 +73,17 @@ the token its czxid, and KEY a node path outside /leasewrap, written in one mult
     FencedPut(FencedPutArgs),
     /// Print the SQL that installs the database fence a job calls first in its transaction
     #[command(
-        long_about = "Print the SQL that installs the database fence of DATABASE: PostgreSQL's schema \
-leasewrap (the table leasewrap.fence, one row per lease NAME with the highest fencing token committed \
-under it, and the function leasewrap.fence(name, token)), or MariaDB's database leasewrap (the same \
-table, and the procedure leasewrap.fence(name, token)). Install it as a superuser (root on MariaDB), \
+        long_about = "Print the SQL that installs the database fence of DATABASE: on PostgreSQL the schema \
+leasewrap with the function leasewrap.fence(name, token) that jobs call, and the schema leasewrap_data, \
+on which jobs have no right, with the table fence (one row per lease NAME with the highest fencing token \
+committed under it); on MariaDB the database leasewrap (the same table, and the procedure \
+leasewrap.fence(name, token)). Install it as a superuser (root on MariaDB), \
 with a client that reads no rc or option file and stops at the first error: \
 leasewrap fence-sql postgres | psql -X -v ON_ERROR_STOP=1 -d DB -f -, or \
 leasewrap fence-sql mariadb | mariadb --no-defaults --user=root. Running it again upgrades an older \
-fence, keeps what an administrator set (grants, the function's lock_timeout), and refuses, changing \
-nothing, what it did not make (a schema or database leasewrap of another role). The package also ships \
+fence, keeps the ties, the grants they give and the function's lock_timeout, takes back every other \
+right on what it made (PostgreSQL) and refuses, naming it and changing nothing, what it did not make, \
+what would run as the fence's owner, and (MariaDB) another account's right on the database leasewrap. The package also ships \
 both as /usr/share/leasewrap/sql/postgres-fence.sql and mariadb-fence.sql. Jobs get no rights on the \
 tables: an administrator lets a job's role (user) fence a NAME or a PREFIX* with \
 SELECT leasewrap.allow('report_job', 'report') (CALL on MariaDB), which also grants EXECUTE. A job \
@@ -92,8 +94,10 @@ newer holder waits for an older one's transaction (bounded: PostgreSQL's lock_ti
 2min; MariaDB's innodb_lock_wait_timeout) and then sees what it committed; a lower token than the one \
 recorded is refused with SQLSTATE LWF01 before the transaction writes anything; bad input (a NAME that \
 is not a lease name, a token that is not a decimal from 0 to 2^64-1) with LWF02; a NAME the role may \
-not fence with 42501 (42000 on MariaDB); a call inside a savepoint (PostgreSQL) or outside a \
-transaction (MariaDB) with LWF03.",
+not fence with 42501 (42000 on MariaDB); a call inside a savepoint (PostgreSQL), or outside a \
+transaction or with autocommit off (MariaDB), with LWF03. On MariaDB a statement that commits on its \
+own (DDL, TRUNCATE, LOCK TABLES) ends the fence: the session's later transactions are then read-only, \
+so that the job's writes after it fail.",
         after_help = "fence-sql connects to nothing. MySQL has no fence: the MariaDB script uses MariaDB's own \
 statements. See docs/fencing.md for psql, psycopg, the mariadb client and PyMySQL, isolation levels, \
 savepoints, several names in one transaction, and which timeout frees the row of a paused holder in \

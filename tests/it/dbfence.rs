@@ -53,6 +53,8 @@ pub trait Server: Sync {
     fn lock_waiters(&self, db: &str, fragment: &str) -> usize;
     /// The client's exit status when a statement of its script fails.
     fn failed_status(&self) -> &'static str;
+    /// The fence's table, as the administrator names it.
+    fn fence_table(&self) -> &'static str;
 }
 
 /// Waits until a session of `db` waits on a lock in a statement that contains `fragment`.
@@ -232,7 +234,8 @@ pub fn report(server: &dyn Server, db: &str) -> String {
 /// The token the fence records for `lease`, empty when none.
 pub fn recorded(server: &dyn Server, db: &Db) -> String {
     let sql = format!(
-        "SELECT token FROM leasewrap.fence WHERE name = '{}'",
+        "SELECT token FROM {} WHERE name = '{}'",
+        server.fence_table(),
         db.lease
     );
     let rows = server.rows(&db.name, &sql);
@@ -435,6 +438,9 @@ pub fn bad_text_input(lease: &str) -> Vec<(String, String, String)> {
         (" ", "\" \""),
         ("a\n", "\"a\\n\""),
         ("é", "\"é\""),
+        // Letters only a case-insensitive comparison takes for K and s.
+        ("a\u{212A}", "\"a\u{212A}\""),
+        ("a\u{17F}", "\"a\u{17F}\""),
     ] {
         cases.push((name.into(), "7".into(), not_a_name(shown)));
     }
@@ -696,4 +702,33 @@ pub fn jobs_run_by_leasewrap_record_their_tokens(server: &dyn Server, lease: Lea
     assert!(tokens[0] < tokens[1], "{tokens:?}");
     assert_eq!(recorded(server, &db), tokens[1].to_string());
     assert_eq!(report(server, &db.name), "2 by second");
+}
+
+/// The block of docs/fencing.md whose marker names `test` (the test that checks it), or each
+/// of them in order.
+pub fn documented_blocks(test: &str) -> Vec<String> {
+    let blocks = crate::docs::examples::markdown("docs/fencing.md").into_iter();
+    let named = blocks.filter(|e| e.marks.iter().any(|m| m.contains(test)));
+    let found: Vec<String> = named.map(|e| e.text).collect();
+    assert!(
+        !found.is_empty(),
+        "docs/fencing.md has no block marked for {test}"
+    );
+    found
+}
+
+/// The fenced transaction of docs/fencing.md that starts with `first` (BEGIN or START
+/// TRANSACTION), written to a script file of `sb`.
+pub fn documented_transaction(sb: &Sandbox, first: &str) -> PathBuf {
+    let blocks = crate::docs::examples::markdown("docs/fencing.md").into_iter();
+    let found = blocks
+        .map(|e| e.text)
+        .find(|t| t.starts_with(&format!("{first};\n")) && t.contains("leasewrap.fence("));
+    let path = sb.path("documented.sql");
+    fs::write(
+        &path,
+        found.expect("docs/fencing.md has the job's transaction"),
+    )
+    .unwrap();
+    path
 }

@@ -8,7 +8,7 @@
 //! `LEASEWRAP_BLESS=1 cargo test --test integration docs::` rewrites it.
 
 mod clients;
-mod examples;
+pub(crate) mod examples;
 mod man;
 mod picture;
 mod readme;

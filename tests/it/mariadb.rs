@@ -8,6 +8,8 @@
 //! every test has a database, a job user and a lease name of its own. Tests that install or
 //! must change the server's own state start a server of their own.
 
+mod commits;
+mod install;
 mod neighbours;
 
 use std::fs;
@@ -118,7 +120,7 @@ COMMIT;
         let like = |text: &str| text.replace('\\', "\\\\").replace('\'', "\\'");
         let sql = format!(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE TIME_MS > 200 \
-             AND INFO LIKE '%FOR UPDATE%' AND INFO LIKE CONCAT('%', '{}', '%') \
+             AND INFO LIKE '%ON DUPLICATE KEY UPDATE%' AND INFO LIKE CONCAT('%', '{}', '%') \
              AND INFO LIKE CONCAT('%', '{}', '%')",
             like(db),
             like(fragment)
@@ -128,6 +130,10 @@ COMMIT;
 
     fn failed_status(&self) -> &'static str {
         "1"
+    }
+
+    fn fence_table(&self) -> &'static str {
+        "leasewrap.fence"
     }
 }
 
@@ -367,7 +373,7 @@ fn bad_input_gets_lwf02_or_a_documented_sqlstate_and_nothing_is_written() {
     assert!(autocommit.stderr.contains(outside), "{}", autocommit.stderr);
     assert_eq!(dbfence::recorded(&maria, &db), "0", "as allow() made it");
     let top = format!(
-        "SET autocommit = 0; CALL leasewrap.fence('{lease}', 18446744073709551615); COMMIT;"
+        "START TRANSACTION; CALL leasewrap.fence('{lease}', 18446744073709551615); COMMIT;"
     );
     let out = maria.0.sql_as(&db.job, &db.name, &top);
     assert!(
@@ -398,6 +404,30 @@ fn documented_job_line() -> String {
     text[start..start + len].to_owned()
 }
 
+/// The documented job line, pointed at `db` as its job, running `script`.
+fn documented_job_line_for(maria: &Maria<'_>, db: &Db, script: &Path) -> String {
+    let client = format!(
+        "--socket={} --user={} {}",
+        q(maria.0.socket()),
+        db.job,
+        db.name
+    );
+    documented_job_line()
+        .replace("--user=report_job reports", &client)
+        .replace("/usr/local/lib/report.sql", &q(script))
+}
+
+/// The job fences its lease with `token` and commits.
+#[track_caller]
+fn fenced_with(maria: &Maria<'_>, db: &Db, token: u64) {
+    let sql = format!(
+        "START TRANSACTION; CALL leasewrap.fence('{}', {token}); COMMIT;",
+        db.lease
+    );
+    let out = maria.0.sql_as(&db.job, &db.name, &sql);
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
 /// A user's option file that says `force` (go on after an error) does not reach the documented
 /// job line (--no-defaults): a stale holder's client stops at its refused fence, writing
 /// nothing, where with `force` it would go on, write and commit.
@@ -407,22 +437,8 @@ fn an_option_file_with_force_does_not_defeat_the_documented_job_line() {
     let (db, sb) = (maria.report_db("my_cnf"), Sandbox::new());
     fs::write(sb.path(".my.cnf"), "[client]\nforce\n[mariadb]\nforce\n").unwrap();
     let script = dbfence::holder_sql(&maria, &sb, "stale", 1, dbfence::Pause::Nowhere);
-    let fence9 = format!(
-        "SET autocommit = 0; CALL leasewrap.fence('{}', 9); COMMIT;",
-        db.lease
-    );
-    assert!(maria.0.sql_as(&db.job, &db.name, &fence9).status.success());
-    let line = documented_job_line()
-        .replace(
-            "--user=report_job reports",
-            &format!(
-                "--socket={} --user={} {}",
-                q(maria.0.socket()),
-                db.job,
-                db.name
-            ),
-        )
-        .replace("/usr/local/lib/report.sql", &q(&script));
+    fenced_with(&maria, &db, 9);
+    let line = documented_job_line_for(&maria, &db, &script);
     dbfence::a_stale_documented_line_writes_nothing(&maria, (&db, &sb), &line, &[]);
 }
 
@@ -439,4 +455,26 @@ fn every_documented_mariadb_line_reads_no_option_file() {
         "client lines without --no-defaults:\n{}",
         wrong.join("\n")
     );
+}
+
+/// docs/fencing.md's job transaction, fed to the client by the documented job line with a stale
+/// token, prints on standard error what the documentation shows, word for word (the lease name
+/// is the test's).
+#[test]
+fn the_refusal_docs_fencing_md_shows_is_what_the_client_prints() {
+    let maria = maria();
+    let (db, sb) = (maria.report_db("refusal"), Sandbox::new());
+    fenced_with(&maria, &db, 3);
+    let script = dbfence::documented_transaction(&sb, "START TRANSACTION");
+    let line = documented_job_line_for(&maria, &db, &script);
+    let mut sh = Command::new("/bin/sh");
+    sh.args(["-c", &line])
+        .env("LEASEWRAP_NAME", &db.lease)
+        .env("LEASEWRAP_FENCING_TOKEN", "2");
+    let out = run_bounded(sh, BOUND);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let test = "the_refusal_docs_fencing_md_shows_is_what_the_client_prints";
+    let shown = &dbfence::documented_blocks(test)[0];
+    let expected = shown.replace("\"report\"", &format!("\"{}\"", db.lease));
+    assert_eq!(out.stderr, expected);
 }

@@ -8,7 +8,9 @@
 //! role of their own that may fence the test's lease name only.
 
 mod install;
+mod locks;
 mod neighbours;
+mod rights;
 
 use std::fs;
 use std::path::Path;
@@ -20,6 +22,9 @@ use crate::support::{assert_exit, q, wait_for_file, Leasewrap, Output, Sandbox};
 
 /// The shipped file that `fence-sql postgres` prints.
 pub const FENCE_SQL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/postgres-fence.sql");
+
+/// Where the fence's rows are, in a schema no job may use.
+pub const FENCE_TABLE: &str = "leasewrap_data.fence";
 
 /// The job's tables (see `dbfence::Db`).
 const REPORT_TABLES: &str = "
@@ -39,6 +44,14 @@ pub fn pg() -> Pg {
 pub fn install(pg: &Postgres, db: &str) {
     let out = pg.psql_file(db, &[], Path::new(FENCE_SQL));
     assert!(out.status.success(), "installing the fence: {}", out.stderr);
+}
+
+/// The fence table of `db`, wherever the installed version keeps it (leasewrap_data.fence; an
+/// earlier version's leasewrap.fence), for attacks that must reach it on any version.
+pub fn fence_table_of(pg: &Postgres, db: &str) -> String {
+    let sql =
+        "SELECT coalesce(to_regclass('leasewrap_data.fence'), to_regclass('leasewrap.fence'))";
+    pg.psql_ok(db, sql)
 }
 
 /// A login role of the test's own (roles are the server's, not the database's).
@@ -128,6 +141,10 @@ COMMIT;
 
     fn failed_status(&self) -> &'static str {
         "3"
+    }
+
+    fn fence_table(&self) -> &'static str {
+        FENCE_TABLE
     }
 }
 
@@ -235,12 +252,12 @@ fn on_conflict_do_update_locks_the_row_even_when_its_where_is_false() {
     let (name, lease) = (&db.name, &db.lease);
     pg.0.psql_ok(name, &format!("SELECT leasewrap.fence('{lease}', 5)"));
     let stale_upsert = format!(
-        "INSERT INTO leasewrap.fence AS f (name, token) VALUES ('{lease}', 3) \
+        "INSERT INTO leasewrap_data.fence AS f (name, token) VALUES ('{lease}', 3) \
          ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token;"
     );
     let holding = session_holding(&sb, (pg.0, name), "S", &stale_upsert);
     let locked =
-        format!("SELECT token FROM leasewrap.fence WHERE name = '{lease}' FOR UPDATE NOWAIT");
+        format!("SELECT token FROM {FENCE_TABLE} WHERE name = '{lease}' FOR UPDATE NOWAIT");
     let out = pg.0.psql(name, &locked);
     assert!(
         out.stderr.contains("55P03"),

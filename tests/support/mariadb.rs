@@ -82,9 +82,15 @@ impl Mariadb {
         let runner = user::other();
         let dir = dbserver::scratch_dir(&KIND, runner);
         let (data, socket) = (dir.path().join("data"), dir.path().join("mariadbd.sock"));
+        let tmp = dir.path().join("tmp");
+        fs::create_dir(&tmp).unwrap_or_else(|e| panic!("mkdir {}: {e}", tmp.display()));
+        runner.owns(&tmp);
+        // Bootstraps that share /tmp name their temporary tables alike and remove each
+        // other's ("Unknown table 'mysql.tmp_user_sys'"): each server has a tmpdir of its own.
         let install = as_user(runner, Command::new(INSTALL_DB))
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .output();
         expect_success("mariadb-install-db", install);
@@ -185,6 +191,7 @@ fn mariadbd(runner: User, dir: &Path, data: &Path, socket: &Path) -> Child {
     as_user(runner, Command::new(MARIADBD))
         .arg("--no-defaults")
         .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--tmpdir={}", path("tmp")))
         .arg(format!("--socket={}", socket.display()))
         .arg(format!("--pid-file={}", path("mariadbd.pid")))
         .arg(format!("--log-error={}", path("mariadbd.log")))

@@ -1,7 +1,8 @@
 //! The Python examples of docs/fencing.md, run as their text says against the tests' real
 //! servers: psycopg on PostgreSQL, PyMySQL on MariaDB. Each commits with its token, and exits
 //! 73 with a stale one, writing nothing; psycopg's, once its connection is in a transaction
-//! before `conn.transaction()` (a savepoint then), is refused with LWF03.
+//! before `conn.transaction()` (a savepoint then), and PyMySQL's, with autocommit off, are
+//! refused with LWF03.
 
 use std::process::Command;
 
@@ -101,4 +102,12 @@ fn the_pymysql_example_commits_with_its_token_and_exits_73_when_stale() {
     commits_then_refuses_a_stale_token(&maria, &db, |token| {
         run_python(&sb, &code, &db, token, &[])
     });
+    let autocommit_off = code.replace("autocommit=True", "autocommit=False");
+    let out = run_python(&sb, &autocommit_off, &db, "6", &[]);
+    let refusal = "leasewrap.fence: called with autocommit off";
+    assert!(
+        out.stderr.contains(refusal),
+        "autocommit off is refused: {}",
+        out.stderr
+    );
 }

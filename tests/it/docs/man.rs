@@ -380,12 +380,13 @@ fn fence_section(s: &mut Sections) {
         .items(&[
             ("LWF01", "stale fencing token N for \"NAME\": M is recorded: a newer holder has written; roll back and stop, do not retry (MariaDB error 9101)"),
             ("LWF02", "NAME is not a lease name, or the token is not a decimal from 0 to 18446744073709551615 (9102)"),
-            ("LWF03", "PostgreSQL: called inside a savepoint, whose rollback would undo the fence; MariaDB: called outside a transaction (9103)"),
+            ("LWF03", "PostgreSQL: called inside a savepoint, whose rollback would undo the fence; MariaDB: called outside a transaction, with autocommit off, or in a read-only transaction (9103)"),
+            ("25006", "MariaDB: a write after a statement that committed on its own (DDL, TRUNCATE, LOCK TABLES, a second START TRANSACTION), which ended the fence (1792): roll back and stop"),
             ("42501, 42000", "the role (user, 9104) may not fence NAME"),
             ("55P03, 1205", "the fence waited longer than its bound (PostgreSQL: the function's lock_timeout, 2min; MariaDB: innodb_lock_wait_timeout): nothing was written"),
             ("40001, 40P01", "a serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE) or a deadlock (names fenced in different orders): nothing was written; retry the whole transaction"),
         ])
-        .para("Running the SQL again upgrades an older fence and keeps an administrator's grants and settings; it refuses, changing nothing, a schema (database) leasewrap that another role owns or may change. A holder paused inside its transaction keeps NAME's row locked until its session ends: idle_in_transaction_session_timeout, tcp_user_timeout (PostgreSQL), idle_transaction_timeout, net_write_timeout (MariaDB); docs/fencing.md says which covers which state. Only the fenced transaction is guarded: writes outside it are not. MySQL has no fence: the MariaDB SQL uses MariaDB's own statements.");
+        .para("Running the SQL again upgrades an older fence and keeps the ties, the grants they give and the fence's settings; every other right on what it made is taken back (PostgreSQL), and it refuses, naming it and changing nothing, what it did not make, what would run as the fence's owner, a schema (database) leasewrap that another role owns, and (MariaDB) another account's right on the database leasewrap but EXECUTE. It waits at most 3 s for a lock, then changes nothing and says who held it. A holder paused inside its transaction keeps NAME's row locked until its session ends: idle_in_transaction_session_timeout, tcp_user_timeout (PostgreSQL), idle_transaction_timeout, net_write_timeout (MariaDB); docs/fencing.md says which covers which state. Only the fenced transaction is guarded: writes outside it are not. MySQL has no fence: the MariaDB SQL uses MariaDB's own statements.");
 }
 
 fn fence_sql_page(man: &Man) -> String {

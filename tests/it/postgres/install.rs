@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::{install, pg, role, FENCE_SQL};
+use super::{install, pg, role, FENCE_SQL, FENCE_TABLE};
 use crate::dbfence::Server as _;
 use crate::dbfence::BOUND;
 use crate::support::postgres::{self, Postgres};
@@ -22,11 +22,17 @@ fn install_output(pg: &Postgres, db: &str) -> crate::support::Output {
     pg.psql_file(db, &[], Path::new(FENCE_SQL))
 }
 
+/// Version 3 installed, with the fence's lock_timeout `lock_timeout`.
+fn version_3(lock_timeout: &str) -> (String, String) {
+    let settings = format!("search_path=pg_catalog, pg_temp;lock_timeout={lock_timeout}");
+    ("3".to_owned(), settings)
+}
+
 /// The installed version and the function's settings.
 fn installed(pg: &Postgres, db: &str) -> (String, String) {
     let version = pg.psql_ok(
         db,
-        "SELECT string_agg(version::text, ',') FROM leasewrap.installed",
+        "SELECT string_agg(version::text, ',') FROM leasewrap_data.installed",
     );
     let settings = "SELECT array_to_string(proconfig, ';') FROM pg_proc \
                     WHERE oid = 'leasewrap.fence(text, text)'::regprocedure";
@@ -60,14 +66,12 @@ fn the_upgrade_from_version_1_keeps_tokens_and_reads_but_takes_the_jobs_table_wr
     let (db, job, monitor) = version_1_in_use(pg);
     let out = install_output(pg, &db);
     assert!(out.status.success(), "{}", out.stderr);
-    let warned =
-        format!("role {job} may no longer write leasewrap.fence, and may fence every name");
-    assert!(out.stderr.contains(&warned), "{}", out.stderr);
-    let v2 = (
-        "2".to_owned(),
-        "search_path=pg_catalog, pg_temp;lock_timeout=2min".to_owned(),
+    let warned = format!(
+        "role {job} may no longer write the fence table, and may fence every name: \
+         tie it to its own with leasewrap.allow('{job}', NAME) and leasewrap.disallow('{job}', '*')"
     );
-    assert_eq!(installed(pg, &db), v2);
+    assert!(out.stderr.contains(&warned), "{}", out.stderr);
+    assert_eq!(installed(pg, &db), version_3("2min"));
     let as_job = |sql: &str| pg.psql_as(&job, &db, sql);
     let stale = as_job("SELECT leasewrap.fence('report', 6)").stderr;
     assert!(
@@ -78,13 +82,13 @@ fn the_upgrade_from_version_1_keeps_tokens_and_reads_but_takes_the_jobs_table_wr
         as_job("SELECT leasewrap.fence('report', 8)").stdout.trim(),
         "8"
     );
-    let write = as_job("UPDATE leasewrap.fence SET token = 0");
+    let write = as_job(&format!("UPDATE {FENCE_TABLE} SET token = 0"));
     assert!(write.stderr.contains("42501"), "{}", write.stderr);
-    let read = pg.psql_as(&monitor, &db, "SELECT token FROM leasewrap.fence");
+    let read = pg.psql_as(&monitor, &db, "SELECT token FROM leasewrap.fences()");
     assert_eq!(
         read.stdout.trim(),
         "8",
-        "the administrator's read grant is kept: {}",
+        "the administrator's reader reads with fences(): {}",
         read.stderr
     );
     let owner = "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'leasewrap'";
@@ -99,17 +103,13 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
     pg.0.psql_ok(
         &db.name,
         &format!(
-        "GRANT USAGE ON SCHEMA leasewrap TO {monitor}; GRANT SELECT ON leasewrap.fence TO {monitor};
+        "GRANT USAGE ON SCHEMA leasewrap TO {monitor}; GRANT EXECUTE ON FUNCTION leasewrap.fences() TO {monitor};
          ALTER FUNCTION leasewrap.fence(text, text) SET lock_timeout = '7s';
          SELECT leasewrap.fence('{}', 3);", db.lease
     ),
     );
     install(pg.0, &db.name);
-    let expected = (
-        "2".to_owned(),
-        "search_path=pg_catalog, pg_temp;lock_timeout=7s".to_owned(),
-    );
-    assert_eq!(installed(pg.0, &db.name), expected);
+    assert_eq!(installed(pg.0, &db.name), version_3("7s"));
     let fence = pg.0.psql_as(
         &db.job,
         &db.name,
@@ -122,7 +122,7 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
         fence.stderr
     );
     let read =
-        pg.0.psql_as(&monitor, &db.name, "SELECT token FROM leasewrap.fence");
+        pg.0.psql_as(&monitor, &db.name, "SELECT token FROM leasewrap.fences()");
     assert_eq!(read.stdout.trim(), "4", "{}", read.stderr);
     let public =
         "SELECT has_function_privilege('public', 'leasewrap.fence(text, text)', 'EXECUTE')";
@@ -135,12 +135,12 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
 fn a_bigint_token_column_is_refused_with_the_statement_that_fixes_it() {
     let pg = postgres::shared();
     let db = pg.database("bigint");
-    pg.psql_ok(&db, "CREATE SCHEMA leasewrap; CREATE TABLE leasewrap.fence (name text PRIMARY KEY, token bigint NOT NULL)");
+    pg.psql_ok(&db, "CREATE SCHEMA leasewrap; CREATE TABLE leasewrap.fence (name text PRIMARY KEY, token bigint NOT NULL, fenced_at timestamptz NOT NULL DEFAULT now())");
     let out = install_output(pg, &db);
     assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("leasewrap.fence.token is bigint, not numeric(20,0)"),
+            .contains("the fence table's token is bigint, not numeric(20,0)"),
         "{}",
         out.stderr
     );
@@ -163,12 +163,12 @@ fn a_bigint_token_column_is_refused_with_the_statement_that_fixes_it() {
 fn a_newer_installed_version_is_refused() {
     let pg = pg();
     let db = pg.report_db("newer");
-    pg.0.psql_ok(&db.name, "UPDATE leasewrap.installed SET version = 3");
+    pg.0.psql_ok(&db.name, "UPDATE leasewrap_data.installed SET version = 4");
     let out = install_output(pg.0, &db.name);
     assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("version 3 is installed, and this script is version 2"),
+            .contains("version 4 is installed, and this script is version 3"),
         "{}",
         out.stderr
     );
@@ -202,7 +202,7 @@ fn the_fence_owner_owns_only_the_fence_and_one_that_can_log_in_is_refused() {
     let elsewhere =
         "SELECT count(*) FROM pg_shdepend AS s, pg_identify_object(s.classid, s.objid, 0) AS o \
         WHERE s.refobjid = 'leasewrap_fence'::regrole AND s.deptype = 'o' \
-        AND coalesce(o.schema, o.identity) <> 'leasewrap'";
+        AND coalesce(o.schema, o.identity) NOT IN ('leasewrap', 'leasewrap_data')";
     assert_eq!(
         pg.psql_ok(&db, elsewhere),
         "0",
@@ -218,5 +218,111 @@ fn the_fence_owner_owns_only_the_fence_and_one_that_can_log_in_is_refused() {
             .contains("the role leasewrap_fence exists and is not the plain NOLOGIN role"),
         "{}",
         out.stderr
+    );
+}
+
+/// Version 1 with what its jobs could do through `GRANT ALL` and column grants: `all` made a
+/// trigger on the table with its TRIGGER right; `columns` may insert (name, token) and update
+/// (token, fenced_at).
+fn version_1_with_write_paths(pg: &Postgres) -> (String, String, String) {
+    let db = pg.database("v1_paths");
+    let out = pg.psql_file(&db, &[], Path::new(VERSION_1));
+    assert!(out.status.success(), "{}", out.stderr);
+    let (all, columns) = (role(pg, &db, "all"), role(pg, &db, "columns"));
+    pg.psql_ok(
+        &db,
+        &format!(
+        "GRANT USAGE ON SCHEMA leasewrap TO {all}, {columns}; GRANT ALL ON leasewrap.fence TO {all};
+         GRANT INSERT (name, token), UPDATE (token, fenced_at) ON leasewrap.fence TO {columns};
+         CREATE SCHEMA jobs AUTHORIZATION {all};"
+    ),
+    );
+    let trigger = "CREATE FUNCTION jobs.zero() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN NEW.token := 0; RETURN NEW; END';
+                   CREATE TRIGGER zero BEFORE UPDATE ON leasewrap.fence FOR EACH ROW EXECUTE FUNCTION jobs.zero();";
+    let made = pg.psql_as(&all, &db, trigger);
+    assert!(made.status.success(), "{}", made.stderr);
+    (db, all, columns)
+}
+
+/// The upgrade refuses the version 1 job's trigger by name (it would fire inside every fence,
+/// as the fence's owner); once it is dropped, every right of the jobs on the table goes, column
+/// grants included, and each role that could write is tied to * with a warning whose statements
+/// run as printed.
+#[test]
+fn the_upgrade_from_version_1_refuses_its_trigger_and_leaves_no_write_path() {
+    let pg = postgres::shared();
+    let (db, all, columns) = version_1_with_write_paths(pg);
+    let out = install_output(pg, &db);
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("trigger zero on leasewrap.fence"),
+        "{}",
+        out.stderr
+    );
+    pg.psql_ok(&db, "DROP TRIGGER zero ON leasewrap.fence");
+    let out = install_output(pg, &db);
+    assert!(out.status.success(), "{}", out.stderr);
+    for role in [&all, &columns] {
+        let tie = format!("leasewrap.allow('{role}', NAME) and leasewrap.disallow('{role}', '*')");
+        assert!(out.stderr.contains(&tie), "{tie}: {}", out.stderr);
+        let fence = super::fence_table_of(pg, &db);
+        for write in [
+            format!("UPDATE {fence} SET token = 0"),
+            format!("INSERT INTO {fence} (name, token) VALUES ('planted', 1)"),
+        ] {
+            let refused = pg.psql_as(role, &db, &write);
+            assert!(
+                refused.stderr.contains("42501"),
+                "{role}: {write}: {}",
+                refused.stderr
+            );
+        }
+    }
+    assert_eq!(
+        super::rights::rights(pg, &db),
+        super::rights::documented(&[&all, &columns])
+    );
+}
+
+/// A role dropped after it was tied (DROP OWNED BY, DROP ROLE) leaves its tie behind: disallow()
+/// takes it by the role's OID, and a re-run removes the others, naming them.
+#[test]
+fn a_tie_to_a_dropped_role_goes_with_disallow_and_with_a_re_run() {
+    let pg = pg();
+    let db = pg.report_db("dropped");
+    let (gone, gone_too) = (
+        role(pg.0, &db.name, "gone"),
+        role(pg.0, &db.name, "gone_too"),
+    );
+    let ties = format!("SELECT leasewrap.allow('{gone}', 'x'), leasewrap.allow('{gone_too}', 'y')");
+    pg.0.psql_ok(&db.name, &ties);
+    let oids = format!("SELECT '{gone}'::regrole::oid || ' ' || '{gone_too}'::regrole::oid");
+    let oids = pg.0.psql_ok(&db.name, &oids);
+    let (oid, oid_too) = oids.split_once(' ').unwrap();
+    pg.0.psql_ok(
+        &db.name,
+        &format!("DROP OWNED BY {gone}, {gone_too}; DROP ROLE {gone}, {gone_too}"),
+    );
+    let out = pg.0.psql(
+        &db.name,
+        &format!("SELECT leasewrap.disallow('{oid}', 'x')"),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    let out = install_output(pg.0, &db.name);
+    assert!(out.status.success(), "{}", out.stderr);
+    let removed =
+        format!("the role whose OID was {oid_too} has been dropped; its tie to y is removed");
+    assert!(out.stderr.contains(&removed), "{}", out.stderr);
+    let ties = pg.0.psql_ok(
+        &db.name,
+        "SELECT string_agg(names, ',') FROM leasewrap_data.allowed",
+    );
+    assert_eq!(ties, db.lease, "only the job's tie is left");
+    let last = format!("SELECT leasewrap.disallow('{}', '{}')", db.job, db.lease);
+    pg.0.psql_ok(&db.name, &last);
+    assert_eq!(
+        super::rights::rights(pg.0, &db.name),
+        super::rights::documented(&[]),
+        "the grants went with the last tie"
     );
 }

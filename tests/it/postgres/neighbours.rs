@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{install, pg, role, FENCE_SQL};
+use super::{install, pg, role, FENCE_SQL, FENCE_TABLE};
 use crate::dbfence::{self, Server, BOUND};
 use crate::support::postgres::{Postgres, PSQL};
 use crate::support::{q, run_bounded, wait_until, Sandbox};
@@ -115,11 +115,11 @@ fn another_job_s_role_cannot_reset_poison_or_rename_a_name_it_was_not_given() {
         .status
         .success());
     let attacks = [
-        format!("UPDATE leasewrap.fence SET token = 0 WHERE name = '{b_name}'"),
+        format!("UPDATE {FENCE_TABLE} SET token = 0 WHERE name = '{b_name}'"),
         format!("SELECT leasewrap.fence('{b_name}', 18446744073709551615)"),
-        format!("UPDATE leasewrap.fence SET name = 'elsewhere' WHERE name = '{b_name}'"),
-        format!("DELETE FROM leasewrap.fence WHERE name = '{b_name}'"),
-        format!("INSERT INTO leasewrap.allowed VALUES ('{}', '*')", db.job),
+        format!("UPDATE {FENCE_TABLE} SET name = 'elsewhere' WHERE name = '{b_name}'"),
+        format!("DELETE FROM {FENCE_TABLE} WHERE name = '{b_name}'"),
+        format!("INSERT INTO leasewrap_data.allowed VALUES ('{}', '*')", db.job),
         format!("SELECT leasewrap.allow('{}', '*')", db.job),
         "CREATE OR REPLACE FUNCTION leasewrap.fence(name text, token text) RETURNS numeric LANGUAGE sql AS 'SELECT 0::numeric'".into(),
         "ALTER FUNCTION leasewrap.fence(text, text) RESET lock_timeout".into(),
@@ -393,4 +393,169 @@ fn the_readme_s_install_line_exits_non_zero_when_the_install_fails() {
         "{}",
         out.stderr
     );
+}
+
+/// Two teams whose ties cover one name (a* and ab): each may record a token that stops the
+/// other's holders, and allow() says so when the second tie is made, naming both; ties that
+/// cover no common name (a* and b*) get no warning.
+#[test]
+fn allow_warns_when_another_role_s_tie_covers_a_name_of_the_new_one() {
+    let pg = pg();
+    let db = pg.report_db("overlap");
+    let (a, b) = (
+        role(pg.0, &db.name, "team_a"),
+        role(pg.0, &db.name, "team_b"),
+    );
+    let lease = &db.lease;
+    let allow = |role: &str, names: &str| {
+        let out = pg.0.psql(
+            &db.name,
+            &format!("SELECT leasewrap.allow('{role}', '{names}')"),
+        );
+        assert!(out.status.success(), "{}", out.stderr);
+        out.stderr
+    };
+    assert_eq!(
+        allow(&a, &format!("{lease}.a*")),
+        "",
+        "the first tie overlaps nothing"
+    );
+    let warned = allow(&b, &format!("{lease}.ab"));
+    let both = format!("role {b} ({lease}.ab) and role {a} ({lease}.a*) may both fence a name");
+    assert!(warned.contains(&both), "{warned}");
+    let poison = format!("SELECT leasewrap.fence('{lease}.ab', 18446744073709551615)");
+    assert!(pg.0.psql_as(&a, &db.name, &poison).status.success());
+    let stopped = pg.0.psql_as(
+        &b,
+        &db.name,
+        &format!("SELECT leasewrap.fence('{lease}.ab', 5)"),
+    );
+    assert!(
+        stopped.stderr.contains("LWF01"),
+        "team a stopped team b's name: {}",
+        stopped.stderr
+    );
+    assert_eq!(
+        allow(&b, &format!("{lease}.b*")),
+        "",
+        "b* and a* cover no common name"
+    );
+}
+
+/// The documented job line, run on `db` as its job with `token`, its script `script`.
+fn run_documented_job_line(
+    pg: &super::Pg,
+    db: &dbfence::Db,
+    script: &Path,
+    token: &str,
+) -> crate::support::Output {
+    let line = documented_job_line()
+        .replace("-d reports", &format!("-d {}", db.name))
+        .replace("/usr/local/lib/report.sql", &q(script));
+    let mut sh = Command::new("/bin/sh");
+    sh.args(["-c", &line])
+        .envs(pg.0.env(&db.name))
+        .env("PGUSER", &db.job)
+        .env("LEASEWRAP_NAME", &db.lease)
+        .env("LEASEWRAP_FENCING_TOKEN", token);
+    run_bounded(sh, BOUND)
+}
+
+/// docs/fencing.md's job transaction, run by its psql line with a stale token, prints on
+/// standard error what the documentation shows, word for word (the lease name and the script's
+/// path are the test's).
+#[test]
+fn the_refusal_docs_fencing_md_shows_is_what_psql_prints() {
+    let pg = pg();
+    let (db, sb) = (pg.report_db("refusal"), Sandbox::new());
+    pg.0.psql_ok(
+        &db.name,
+        &format!("SELECT leasewrap.fence('{}', 3)", db.lease),
+    );
+    let script = dbfence::documented_transaction(&sb, "BEGIN");
+    let out = run_documented_job_line(&pg, &db, &script, "2");
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+    let shown =
+        &dbfence::documented_blocks("the_refusal_docs_fencing_md_shows_is_what_psql_prints")[0];
+    let expected = shown
+        .replace("\"report\"", &format!("\"{}\"", db.lease))
+        .replace("/usr/local/lib/report.sql", &script.display().to_string());
+    assert_eq!(out.stderr, expected);
+}
+
+/// psql on `db`, printing what each statement did (UPDATE 1, ...), with `vars`, running the
+/// script `file`.
+fn psql_tagged(
+    pg: &Postgres,
+    db: &str,
+    vars: &[(&str, &str)],
+    file: &Path,
+) -> crate::support::Output {
+    let mut cmd = Command::new(PSQL);
+    cmd.args(["-X", "-v", "ON_ERROR_STOP=1"]).envs(pg.env(db));
+    for (name, value) in vars {
+        cmd.arg("-v").arg(format!("{name}={value}"));
+    }
+    cmd.arg("-f").arg(file);
+    run_bounded(cmd, BOUND)
+}
+
+/// The blocks of docs/fencing.md's "A SQL table, by hand", and each written to a script file.
+fn by_hand_scripts(sb: &Sandbox) -> (Vec<String>, Vec<std::path::PathBuf>) {
+    let blocks = dbfence::documented_blocks("the_sql_by_hand_of_docs_fencing_md_runs_as_shown");
+    assert_eq!(blocks.len(), 5, "{blocks:?}");
+    let write = |(i, text): (usize, &String)| {
+        let path = sb.path(&format!("by-hand-{i}.sql"));
+        fs::write(&path, text).unwrap();
+        path
+    };
+    let files = blocks.iter().enumerate().map(write).collect();
+    (blocks, files)
+}
+
+/// The psql scripts of docs/fencing.md's "A SQL table, by hand", each run as it is written, in
+/// order, on a report table with a body: the conditional write, the guarded insert, and the
+/// fences row raised first, each with a current token and then a stale one.
+#[test]
+fn the_sql_by_hand_of_docs_fencing_md_runs_as_shown() {
+    let (pg, sb) = (pg(), Sandbox::new());
+    let db = pg.0.database("by_hand");
+    pg.0.psql_ok(&db, "CREATE TABLE report (id int PRIMARY KEY, body text NOT NULL); INSERT INTO report VALUES (1, 'old')");
+    let (blocks, files) = by_hand_scripts(&sb);
+    let run = |i: usize, vars: &[(&str, &str)]| {
+        let out = psql_tagged(pg.0, &db, vars, &files[i]);
+        assert!(out.status.success(), "{}: {}", blocks[i], out.stderr);
+        (out.stdout.trim().to_owned(), out.stderr)
+    };
+    run(0, &[]);
+    assert_eq!(
+        run(1, &[("id", "1"), ("body", "new"), ("token", "5")]).0,
+        "UPDATE 1"
+    );
+    assert_eq!(
+        run(1, &[("id", "1"), ("body", "stale"), ("token", "4")]).0,
+        "UPDATE 0"
+    );
+    assert_eq!(
+        run(2, &[("id", "2"), ("body", "two"), ("token", "5")]).0,
+        "INSERT 0 1"
+    );
+    assert_eq!(
+        run(2, &[("id", "2"), ("body", "stale"), ("token", "3")]).0,
+        "INSERT 0 0"
+    );
+    run(3, &[]);
+    let many = [("id", "1"), ("body", "many"), ("token", "7")];
+    assert_eq!(run(4, &many).0, "BEGIN\nUPDATE 1\nUPDATE 1\nCOMMIT");
+    let (said, warned) = run(4, &[("id", "1"), ("body", "stale"), ("token", "6")]);
+    assert_eq!(
+        (said.as_str(), warned.trim()),
+        (
+            "BEGIN\nUPDATE 0\nROLLBACK",
+            "stale fencing token 6 for report"
+        )
+    );
+    let bodies =
+        pg.0.psql_ok(&db, "SELECT string_agg(body, ',' ORDER BY id) FROM report");
+    assert_eq!(bodies, "many,two", "no stale write landed");
 }
