@@ -432,18 +432,7 @@ impl Conn {
         let session = self.session;
         let mut tree = self.state();
         let err = match op {
-            15 => {
-                let (path, data) = (r.string(), r.buffer());
-                let _acls = (0..r.int())
-                    .map(|_| (r.int(), r.string(), r.string()))
-                    .count();
-                let flags = r.int();
-                tree.create(&path, data, flags, session)
-                    .map(|(made, stat)| {
-                        out.string(&made);
-                        stat.write(&mut out);
-                    })
-            }
+            15 => tree.create_asked(r, session, &mut out),
             2 => tree.delete(&r.string()),
             3 | 4 | 6 | 12 => {
                 let path = r.string();
@@ -526,6 +515,19 @@ impl Tree {
             data_len: n.data.len() as i32,
             children: self.children(path).len() as i32,
         })
+    }
+
+    /// The create2 request in `r`, by `session`: the path made and its Stat into `out`.
+    fn create_asked(&mut self, r: &mut Reader, session: i64, out: &mut Writer) -> Result<(), i32> {
+        let (path, data) = (r.string(), r.buffer());
+        let _acls = (0..r.int())
+            .map(|_| (r.int(), r.string(), r.string()))
+            .count();
+        let flags = r.int();
+        let (made, stat) = self.create(&path, data, flags, session)?;
+        out.string(&made);
+        stat.write(out);
+        Ok(())
     }
 
     fn create(

@@ -32,11 +32,58 @@ pub fn figure(bench: &mut Bench) -> Figure {
         dist(&r[2], "ms", 2)
     );
     let asked = requests_per_run(bench, &lw, &ec);
+    let (refusing, cost) = refusing_endpoint(bench, &r[0]);
     Figure {
-        rows: vec![row],
-        notes: vec![floor, asked],
+        rows: vec![row, refusing],
+        notes: vec![floor, asked, cost],
         ..Figure::default()
     }
+}
+
+/// An endpoint that refuses (a port nothing listens on) listed before etcd: leasewrap's `-- true`
+/// against `etcdctl put` with the same endpoints, and what the refusing endpoint costs each over
+/// its run with etcd alone (leasewrap's from `alone`, measured above).
+fn refusing_endpoint(bench: &mut Bench, alone: &[f64]) -> (Row, String) {
+    let etcd = bench.etcd.endpoint();
+    let both = format!("http://127.0.0.1:1,{etcd}");
+    let lock = Lock::new("x").via(both.clone());
+    let lw = bench.argv(Tool::Leasewrap, &lock, &os(&["true"]));
+    let put = |endpoints: &str| {
+        let etcdctl = crate::support::etcd::Version::V3_4.etcdctl();
+        let at = format!("--endpoints={endpoints}");
+        os(&[
+            etcdctl.as_os_str(),
+            at.as_ref(),
+            "put".as_ref(),
+            "x-put".as_ref(),
+            "v".as_ref(),
+        ])
+    };
+    let (put_both, put_alone) = (put(&both), put(&etcd));
+    let runs: Vec<Run> = vec![
+        ("leasewrap", Box::new(|_| lw.clone())),
+        ("etcdctl", Box::new(|_| put_both.clone())),
+        ("etcdctl", Box::new(|_| put_alone.clone())),
+    ];
+    let r = alternate(bench, &runs, bench.sizes.n);
+    let row = Row::new(
+        "true-etcd-refusing",
+        "1. `-- true`, etcd listed after an endpoint that refuses (`--endpoints http://127.0.0.1:1,ETCD`)",
+    );
+    let row = Row {
+        leasewrap: dist(&r[0], "ms", 2),
+        baseline: format!("etcdctl put, the same endpoints: {}", dist(&r[1], "ms", 2)),
+        ..row.with_ratio(stats::ratio(median(&r[0]), median(&r[1])))
+    };
+    let less = |a: &[f64], b: &[f64]| median(a).zip(median(b)).map_or(f64::NAN, |(a, b)| a - b);
+    let cost = format!(
+        "What the refusing endpoint listed first costs a run, over the same run with etcd alone \
+         (difference of medians): leasewrap {:.2} ms, etcdctl put {:.2} ms ({} alone).",
+        less(&r[0], alone),
+        less(&r[1], &r[2]),
+        dist(&r[2], "ms", 2)
+    );
+    (row, cost)
 }
 
 /// Runs counted for the requests a `-- true` asks of etcd.

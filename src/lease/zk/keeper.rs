@@ -216,33 +216,36 @@ impl Renewer {
             Answered::On(_, Said::Is(Answer::Expired), _) => {
                 self.schedule.answered(at, Answer::Expired)
             }
-            Answered::On(step, answer, epoch) => {
-                if step == Step::Look {
-                    self.look_epoch = Some(epoch);
-                }
-                if self.look_epoch != Some(epoch) || epoch != self.epoch {
-                    self.schedule.failed(at);
-                    trouble(
-                        &self.tx,
-                        "a renewal's steps were answered on two connections",
-                    );
-                    return Verdict::Failed;
-                }
-                let (answer, op) = match answer {
-                    Said::Is(answer) => (answer, None),
-                    Said::Checked(op) => (self.schedule.check_answer(op), Some(op)),
-                };
-                let verdict = self.schedule.answered(at, answer);
-                if let (Verdict::Failed, Some(op)) = (&verdict, op) {
-                    let said = op.map_or("no result".into(), |r| match r {
-                        Ok(()) => "ok".into(),
-                        Err(code) => Code(code).to_string(),
-                    });
-                    trouble(&self.tx, &format!("the renewal's Check failed: {said}"));
-                }
-                verdict
-            }
+            Answered::On(step, answer, epoch) => self.on(at, step, answer, epoch),
         }
+    }
+
+    /// A step answered on connection `epoch` at `at`: it counts only on its Look's connection.
+    fn on(&mut self, at: BootInstant, step: Step, answer: Said, epoch: u32) -> Verdict {
+        if step == Step::Look {
+            self.look_epoch = Some(epoch);
+        }
+        if self.look_epoch != Some(epoch) || epoch != self.epoch {
+            self.schedule.failed(at);
+            trouble(
+                &self.tx,
+                "a renewal's steps were answered on two connections",
+            );
+            return Verdict::Failed;
+        }
+        let (answer, op) = match answer {
+            Said::Is(answer) => (answer, None),
+            Said::Checked(op) => (self.schedule.check_answer(op), Some(op)),
+        };
+        let verdict = self.schedule.answered(at, answer);
+        if let (Verdict::Failed, Some(op)) = (&verdict, op) {
+            let said = op.map_or("no result".into(), |r| match r {
+                Ok(()) => "ok".into(),
+                Err(code) => Code(code).to_string(),
+            });
+            trouble(&self.tx, &format!("the renewal's Check failed: {said}"));
+        }
+        verdict
     }
 
     /// The three steps prove something only on one connection: a change of the session's

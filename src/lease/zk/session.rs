@@ -686,6 +686,13 @@ impl Pumps {
         }
     }
 
+    /// Every handle is gone: close the session, and see the close written.
+    async fn close_session(&mut self) -> End {
+        let _ = self.out.send(Out::request(0, Op::CloseSession).finish());
+        self.drain(CLOSE_WRITTEN_WITHIN).await;
+        End::Over(State::Closed)
+    }
+
     /// Let the writer write what is queued, within `within`.
     async fn drain(&mut self, within: Duration) {
         drop(std::mem::replace(&mut self.out, mpsc::unbounded_channel().0));
@@ -725,12 +732,7 @@ impl<'t> Served<'t> {
                         self.send(&pumps.out, call);
                         last_send = Instant::now();
                     }
-                    None => {
-                        // Every handle is gone: close the session, and see the close written.
-                        let _ = pumps.out.send(Out::request(0, Op::CloseSession).finish());
-                        pumps.drain(CLOSE_WRITTEN_WITHIN).await;
-                        break End::Over(State::Closed);
-                    }
+                    None => break pumps.close_session().await,
                 },
                 frame = pumps.frames.recv() => match frame {
                     Some(Ok(frame)) => {
@@ -752,10 +754,7 @@ impl<'t> Served<'t> {
                 Ok(()) = dropped.changed() => if *dropped.borrow_and_update() == epoch {
                     break End::Lost("a request on it waited too long: trying the next member".into());
                 },
-                written = &mut pumps.writer => {
-                    let why = written.map_or_else(|e| e.to_string(), |r| r.err().map_or_else(String::new, |e| e.to_string()));
-                    break End::Lost(format!("writing to the member failed: {why}"));
-                }
+                written = &mut pumps.writer => break End::Lost(write_failed(written)),
             }
         };
         pumps.stop();
@@ -866,6 +865,16 @@ impl<'t> Served<'t> {
             }
         }
     }
+}
+
+/// Why the writer ended before its connection did.
+fn write_failed(written: Result<std::io::Result<()>, tokio::task::JoinError>) -> String {
+    let why = match written {
+        Ok(Ok(())) => String::new(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    format!("writing to the member failed: {why}")
 }
 
 /// Whether a request with a watch set one: `exists` also does when there is no node.
