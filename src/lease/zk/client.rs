@@ -193,7 +193,8 @@ pub fn acls(has_identity: bool) -> Vec<Acl> {
 
 /// Make the persistent node `path` and its parents: all creates sent at once, those that exist
 /// already are fine. Never a container node: a container is deleted once empty, and a lock's
-/// parent must never be recreated. Parents that were there with an open ACL are reported.
+/// parent must never be recreated. A create whose answer a moving connection lost is sent again
+/// once the session is on its next member. Parents that were there with an open ACL are reported.
 pub async fn ensure_path(cfg: &ZkConfig, zk: &Zk, path: &str) -> Result<(), Error> {
     let mut at = String::new();
     let mut creates = Vec::new();
@@ -206,7 +207,15 @@ pub async fn ensure_path(cfg: &ZkConfig, zk: &Zk, path: &str) -> Result<(), Erro
         ));
     }
     for (node, create) in creates {
-        match answered(cfg, &node, create).await? {
+        let mut answer = answered(cfg, &node, create).await?;
+        if let Err(ZkError::ConnectionLoss(_)) = answer {
+            // Asked again on the session's next connection: a create whose answer was lost and
+            // that made the node is then answered NodeExists.
+            zk.reconnected(cfg.conn.dial_timeout).await;
+            let again = zk.create(&node, b"", &acls(cfg.has_identity()), Mode::Persistent);
+            answer = answered(cfg, &node, again).await?;
+        }
+        match answer {
             Ok(_) => {}
             // There already (NodeExists, or NoAuth when its parent admits no creates of ours).
             Err(e) => match exists(cfg, zk, &node).await? {
