@@ -47,6 +47,9 @@ pub enum Cue {
     OtherSessionId,
     /// Close the connection when a request of this type comes (15: create2), unanswered.
     CloseOn(i32),
+    /// Close the connection when a create2 of this path comes, unanswered: once, on whichever
+    /// member cued so sees it first (the cue is then lifted from every member).
+    CloseOnCreateOf(String),
 }
 
 /// What a member saw.
@@ -411,6 +414,15 @@ impl Conn {
         }
         if self.cued(|c| *c == Cue::CloseOn(op)).is_some() {
             return Ok(false);
+        }
+        if op == 15 {
+            let cue = Cue::CloseOnCreateOf(Reader(r.0).string());
+            if self.cued(|c| *c == cue).is_some() {
+                for (cues, _) in &mut self.state().members {
+                    cues.retain(|c| *c != cue);
+                }
+                return Ok(false);
+            }
         }
         let (err, out) = self.answer(op, &mut r);
         self.reply(xid, err, &out)?;

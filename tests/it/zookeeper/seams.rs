@@ -341,6 +341,48 @@ fn a_move_answered_with_another_session_id_loses_the_lease() {
     assert!(a.run.stderr().contains("session"), "{}", a.run.stderr());
 }
 
+/// A create of the lock's parents whose answer a moving connection lost is sent again on the
+/// session's next member: the run goes on in the same session, not on a new one after a wait
+/// for the ensemble (what the whole attempt started over used to do).
+#[test]
+fn a_parent_create_lost_to_a_move_is_sent_again_in_the_same_session() {
+    let fake = FakeZk::start(2, MIN, MAX);
+    for member in 0..2 {
+        fake.cue(member, Cue::CloseOnCreateOf("/leasewrap".into()));
+    }
+    let mut run = holding(&fake.connect(), "parent-lost", "8s")
+        .cmd(&["true"])
+        .spawn();
+    let status = run.wait_timeout(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "{}", run.stderr());
+    let seen = fake.seen();
+    let (first, id) = seen
+        .iter()
+        .find_map(|s| match s {
+            Seen::Connect {
+                member,
+                asked: 8000,
+                session: 0,
+                given: Some((id, _)),
+            } => Some((*member, *id)),
+            _ => None,
+        })
+        .expect("the main session was given");
+    assert!(
+        sessions_given(&seen, 1 - first).contains(&(id, 8000)),
+        "the session did not move to the other member: {seen:?}\n{}",
+        run.stderr()
+    );
+    assert!(
+        !run.stderr().contains("waiting for the ZooKeeper ensemble"),
+        "{}",
+        run.stderr()
+    );
+    assert!(fake
+        .children("/leasewrap")
+        .contains(&"parent-lost".to_owned()));
+}
+
 /// Finding 2: a connection lost while the chroot is made is the ensemble's trouble, which a
 /// waiter rides out, as everywhere else (not a refusal that ends the run).
 #[test]
