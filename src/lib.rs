@@ -14,6 +14,8 @@
 //!   record; below the backends and `status`, which renders it.
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
 //! - `lease::timing::zk`: ZooKeeper's rule: a Look, a Sync after the leader's PING bound, a Check.
+//! - `lease::timing::db`: the database's rule: `D` from a renewal's send; a waiter's takeover
+//!   only after the row's version stood still for `L` since a read's answer arrived.
 //! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.
 //! - `lease::etcd::client`: dialling, retries, telling 69 from 77, guarded transactions.
 //! - `lease::etcd::session`: the lease and the keeper task that renews it.
