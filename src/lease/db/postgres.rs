@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{AsyncMessage, Client, Socket};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, SimpleQueryMessage, Socket};
 
 use super::{RowState, SendBoxed, Statements, SQL_VERSION};
 use crate::config::database::{DbConfig, Host};
@@ -61,10 +62,6 @@ pub async fn connect(cfg: &DbConfig) -> Result<Pg, Error> {
         ))
     })??;
     check_sql(&pg, cfg).await?;
-    pg.client
-        .batch_execute("LISTEN leasewrap_lease")
-        .await
-        .map_err(|e| failed(&at, &e))?;
     Ok(pg)
 }
 
@@ -122,14 +119,16 @@ where
     })
 }
 
-/// The installed SQL's version must be the one this leasewrap needs.
+/// The installed SQL's version must be the one this leasewrap needs; the same round trip
+/// starts listening for releases.
 async fn check_sql(pg: &Pg, cfg: &DbConfig) -> Result<(), Error> {
     let install = format!(
         "install it with: leasewrap fence-sql postgres | psql -X -v ON_ERROR_STOP=1 -d {} (as a superuser), then SELECT leasewrap.allow('{}', 'NAME')",
         cfg.dbname, cfg.user
     );
-    let version: i32 = match pg.client.query_one("SELECT leasewrap.lease_sql()", &[]).await {
-        Ok(row) => row.get(0),
+    let asked = "LISTEN leasewrap_lease; SELECT leasewrap.lease_sql()";
+    let version: i32 = match pg.client.simple_query(asked).await {
+        Ok(messages) => version_of(&messages),
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             return Err(Error::Auth(format!(
                 "{}: role {} is tied to no lease name ({}): an administrator ties it with SELECT leasewrap.allow('{}', 'NAME')",
@@ -154,6 +153,17 @@ async fn check_sql(pg: &Pg, cfg: &DbConfig) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// The version in the answer to `lease_sql()`; 0 when there is none.
+fn version_of(messages: &[SimpleQueryMessage]) -> i32 {
+    messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 /// The function or schema is not there (or not visible to this role: no USAGE).
@@ -196,7 +206,7 @@ impl Statements for Pg {
                 "SELECT version, token::text, held, ttl_ms, holder FROM leasewrap.lease_read($1)";
             let row = self
                 .client
-                .query_one(sql, &[&name])
+                .query_typed_one(sql, &[(&name, Type::TEXT)])
                 .await
                 .map_err(|e| failed(&self.at, &e))?;
             Ok(RowState {
@@ -219,9 +229,15 @@ impl Statements for Pg {
         Box::pin(async move {
             let sql = "SELECT token::text FROM leasewrap.lease_take($1, $2, $3, $4)";
             let (seen, ttl_ms) = (seen as i64, ttl.as_millis() as i64);
+            let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&name, Type::TEXT),
+                (&seen, Type::INT8),
+                (&ttl_ms, Type::INT8),
+                (&holder, Type::TEXT),
+            ];
             let rows = self
                 .client
-                .query(sql, &[&name, &seen, &ttl_ms, &holder])
+                .query_typed(sql, &params)
                 .await
                 .map_err(|e| failed(&self.at, &e))?;
             Ok(rows.first().map(|r| parse_token(r.get(0))))
@@ -233,7 +249,10 @@ impl Statements for Pg {
             let sql = "SELECT renewed, held FROM leasewrap.lease_renew($1, $2::text::numeric)";
             let row = self
                 .client
-                .query_one(sql, &[&name, &token.to_string()])
+                .query_typed_one(
+                    sql,
+                    &[(&name, Type::TEXT), (&token.to_string(), Type::TEXT)],
+                )
                 .await
                 .map_err(|e| failed(&self.at, &e))?;
             Ok(match (row.get::<_, bool>(0), row.get::<_, bool>(1)) {
@@ -248,7 +267,10 @@ impl Statements for Pg {
         Box::pin(async move {
             let sql = "SELECT leasewrap.lease_release($1, $2::text::numeric)";
             self.client
-                .query_one(sql, &[&name, &token.to_string()])
+                .query_typed_one(
+                    sql,
+                    &[(&name, Type::TEXT), (&token.to_string(), Type::TEXT)],
+                )
                 .await
                 .map_err(|e| failed(&self.at, &e))?;
             Ok(())
