@@ -241,6 +241,34 @@ fn no_wait_on_a_held_lease_exits_75_once_the_holder_is_seen_renewing_and_status_
 }
 
 #[test]
+fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() {
+    let p = place("wait");
+    let sb = Sandbox::new();
+    let mut a = Job::hold(p.job(&p.url()), &sb, "a");
+    let ran = sb.path("ran");
+    let started = Instant::now();
+    let out = p
+        .job(&p.url())
+        .args(&["-w", "1s"])
+        .shell(&format!("touch {}", q(&ran)))
+        .output();
+    let waited = started.elapsed();
+    assert_exit(&out, 75);
+    assert!(
+        waited >= Duration::from_secs(1) && waited < TTL,
+        "waited {waited:?}"
+    );
+    assert!(!ran.exists());
+    assert!(
+        p.row().ends_with(&format!("|{}|true", a.token())),
+        "{}",
+        p.row()
+    );
+    a.release();
+    a.finish_with(0);
+}
+
+#[test]
 fn another_role_may_not_take_a_name_it_is_not_tied_to() {
     let p = place("other_role");
     let other = role(p.pg, &p.db, "other");
