@@ -17,6 +17,7 @@ use crate::etcd::{
 };
 use crate::postgres::{install, role};
 use crate::support::etcd::{self, Version};
+use crate::support::pgbouncer::PgBouncer;
 use crate::support::postgres::{self, Postgres};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::*;
@@ -266,6 +267,49 @@ fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() 
     );
     a.release();
     a.finish_with(0);
+}
+
+/// PgBouncer in transaction pooling mode keeps no session for a client: a waiter cannot count
+/// on a NOTIFY there and reads the row every min(L/10, 500 ms) (200 ms here); take, renew,
+/// release and the fence all go through it, each statement a transaction of its own.
+#[test]
+fn through_pgbouncer_in_transaction_mode_the_waiter_polls_and_the_fence_takes_the_token() {
+    let p = place("bouncer");
+    let sb = Sandbox::new();
+    let bouncer = PgBouncer::transaction_mode(p.pg, &[&p.role]);
+    let url = p.url_at(&format!("127.0.0.1:{}", bouncer.port()));
+    let mut a = Job::hold(p.job(&url), &sb, "a");
+    let mut b = Job::spawn(p.job(&url), Marks::new(&sb, "b"), false);
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    a.release();
+    let gap = ms(read_ns(&b.marks.start) - read_ns(&a.marks.end));
+    a.finish_with(0);
+    eprintln!("handover through PgBouncer (transaction mode): {gap:.1} ms");
+    assert!(
+        gap > 0.0 && gap < ms(TTL.as_nanos() as i128),
+        "handover {gap:.1} ms"
+    );
+    assert_eq!(b.token(), a.token() + 1);
+    let mut fence = p.pg.psql_command(&p.db);
+    fence
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", bouncer.port().to_string());
+    fence.env("PGUSER", &p.role).arg("-c").arg(format!(
+        "SELECT leasewrap.fence('{}', {})",
+        p.name,
+        b.token()
+    ));
+    let fenced = run_bounded(fence, STARTUP);
+    assert_eq!(
+        fenced.stdout.trim(),
+        b.token().to_string(),
+        "{}",
+        fenced.stderr
+    );
+    b.release();
+    b.finish_with(0);
 }
 
 #[test]
