@@ -312,6 +312,57 @@ fn through_pgbouncer_in_transaction_mode_the_waiter_polls_and_the_fence_takes_th
     b.finish_with(0);
 }
 
+/// A holder connected directly, and a fault proxy to the same server for a waiter.
+fn held_and_a_proxy(label: &str) -> (Place, Sandbox, Proxy, String, Job) {
+    let p = place(label);
+    let sb = Sandbox::new();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", p.pg.port()).parse().unwrap());
+    let through = p.url_at(&proxy.addr().to_string());
+    let a = Job::hold(p.job(&p.url()), &sb, "a");
+    (p, sb, proxy, through, a)
+}
+
+/// A waiter cut off from the database rides it out, and takes the lease once it answers again.
+#[test]
+fn a_waiter_rides_out_a_database_that_does_not_answer_and_takes_the_lease_after() {
+    let (p, sb, proxy, through, mut a) = held_and_a_proxy("ride_out");
+    let lw = p.job(&through).args(&["--dial-timeout", "1s"]);
+    let mut b = Job::spawn(lw, Marks::new(&sb, "b"), false);
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    proxy.set_mode(Mode::Blackhole);
+    wait_until(STARTUP, "a read to fail", || {
+        b.run.stderr().contains("reading the lease's row failed")
+    });
+    a.release();
+    a.finish_with(0);
+    proxy.heal();
+    assert_eq!(b.token(), a.token() + 1, "{}", b.run.stderr());
+    b.release();
+    b.finish_with(0);
+}
+
+/// A bounded wait that runs out while the database does not answer is 69, not 75.
+#[test]
+fn a_bounded_wait_that_runs_out_while_the_database_does_not_answer_is_69() {
+    let (p, sb, proxy, through, mut a) = held_and_a_proxy("wait_69");
+    let ran = sb.path("ran");
+    let lw = p.job(&through).args(&["--dial-timeout", "1s", "-w", "3s"]);
+    let mut b = lw.shell(&format!("touch {}", q(&ran))).spawn();
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.stderr().contains("waiting for the lease")
+    });
+    proxy.set_mode(Mode::Blackhole);
+    b.wait_timeout(STARTUP);
+    assert_exit(&b, 69);
+    assert!(b.stderr().contains("gave up waiting"), "{}", b.stderr());
+    assert!(!ran.exists());
+    proxy.heal();
+    a.release();
+    a.finish_with(0);
+}
+
 #[test]
 fn another_role_may_not_take_a_name_it_is_not_tied_to() {
     let p = place("other_role");

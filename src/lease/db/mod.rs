@@ -89,6 +89,9 @@ pub struct Db {
     cfg: DbConfig,
     params: Params,
     conn: Option<Conn>,
+    /// Why the last read failed, while a waiter rides out a database that does not answer: a
+    /// wait that runs out then is 69, not 75.
+    unavailable: Option<String>,
 }
 
 impl Db {
@@ -100,6 +103,7 @@ impl Db {
             cfg: cfg.clone(),
             params,
             conn: Some(conn),
+            unavailable: None,
         })
     }
 
@@ -144,7 +148,8 @@ impl Db {
         }
     }
 
-    /// One read of the row into `watch`; a waiter rides out a failed one (none then).
+    /// One read of the row into `watch`; a waiter rides out a failed one, or a connection that
+    /// cannot be opened again (none then).
     async fn read(
         &mut self,
         name: &str,
@@ -152,15 +157,23 @@ impl Db {
         block: bool,
     ) -> Result<Option<RowState>, Error> {
         let sent = BootInstant::now();
-        let mut conn = self.open().await?;
-        match bounded(&self.cfg, self.cfg.dial_timeout, conn.read(name)).await {
+        let answer = match self.open().await {
+            Ok(mut conn) => {
+                let answer = bounded(&self.cfg, self.cfg.dial_timeout, conn.read(name)).await;
+                self.conn = answer.is_ok().then_some(conn);
+                answer
+            }
+            Err(e) => Err(e),
+        };
+        match answer {
             Ok(row) => {
-                self.conn = Some(conn);
+                self.unavailable = None;
                 watch.read(sent, BootInstant::now(), row.seen());
                 Ok(Some(row))
             }
-            Err(e) if block && matches!(e, Error::Unavailable(_)) => {
-                tracing::debug!(error = %e, "reading the lease's row failed; retrying");
+            Err(Error::Unavailable(why)) if block => {
+                tracing::debug!(error = %why, "reading the lease's row failed; retrying");
+                self.unavailable = Some(why);
                 tokio::time::sleep(self.poll_every()).await;
                 Ok(None)
             }
@@ -261,6 +274,10 @@ impl backend::Lessor for Db {
                 Box::new(held),
             ))
         })
+    }
+
+    fn unavailable(&self) -> Option<Error> {
+        self.unavailable.clone().map(Error::Unavailable)
     }
 }
 
