@@ -18,7 +18,8 @@ fi
 # directly; without /dev/fuse those tests fail, saying so).
 # e2fsprogs (chattr) for the failed-rename test of tests/it/security.rs. postgresql-15 (initdb,
 # pg_ctl, psql) and mariadb-server, mariadb-client (mariadb-install-db, mariadbd, mariadb) for the
-# database fence's tests, tests/it/postgres.rs and tests/it/mariadb.rs. python3-pip (with python3)
+# database fence's tests, tests/it/postgres.rs and tests/it/mariadb.rs; pgbouncer for the
+# database lease's test through PgBouncer in transaction pooling mode (tests/it/database.rs). python3-pip (with python3)
 # for the PyPI packages below, when one of them is missing. zookeeper (Debian's 3.8 jars) and a
 # headless JRE for the ZooKeeper backend's tests, tests/it/zookeeper. rpm (rpm -qlp, rpm --root -i)
 # and rpmlint for the RPM package's tests, tests/it/release.rs.
@@ -42,6 +43,7 @@ install_debian_packages() {
     [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
     [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
     [ -x /usr/bin/mariadb ] || missing+=(mariadb-client)
+    [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
     [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
     command -v java >/dev/null || missing+=(default-jre-headless)
     command -v rpm >/dev/null || missing+=(rpm)

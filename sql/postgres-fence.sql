@@ -1,4 +1,4 @@
--- leasewrap's database fence for PostgreSQL, version 3 (PostgreSQL 9.5 or later; tested with 15),
+-- leasewrap's database fence and lease for PostgreSQL, version 4 (PostgreSQL 9.5 or later; tested with 15),
 -- printed by `leasewrap fence-sql postgres` and installed as
 -- /usr/share/leasewrap/sql/postgres-fence.sql.
 --
@@ -32,6 +32,15 @@
 -- (role -> NAME or PREFIX*), installed (this version) and objects (what this script made, and
 -- who gets which right on it), and the functions the others share. Nothing here is resolved
 -- through the caller's search_path.
+--
+-- The lease (`leasewrap --database postgresql://... --name NAME -- COMMAND`, docs/database.md)
+-- lives here too, on the same ties: leasewrap.lease_take, lease_renew, lease_release and
+-- lease_read (SECURITY DEFINER; EXECUTE for the roles tied to a name) change or read the row of
+-- NAME in leasewrap_data.lease, each in one statement, and a role may use only the names it is
+-- tied to. leasewrap.lease_sql() tells leasewrap which version is installed. No function reads
+-- a clock: leasewrap times the lease on its hosts' monotonic clocks. A release notifies the
+-- channel leasewrap_lease with NAME, so that a waiter (LISTEN leasewrap_lease) takes the lease at
+-- once; anyone may notify that channel, which only makes a waiter read the row.
 
 BEGIN;
 -- Only pg_catalog, then this session's own temp schema: an operator or function that another
@@ -60,9 +69,16 @@ INSERT INTO pg_temp.leasewrap_objects VALUES
     ('table', 'leasewrap_data.allowed', NULL),
     ('table', 'leasewrap_data.installed', NULL),
     ('table', 'leasewrap_data.objects', NULL),
+    ('table', 'leasewrap_data.lease', NULL),
     ('function', 'leasewrap.fence(text,text)', 'tied'),
     ('function', 'leasewrap.fence(text,numeric)', 'tied'),
     ('function', 'leasewrap.fences()', 'granted'),
+    ('function', 'leasewrap.lease_sql()', 'tied'),
+    ('function', 'leasewrap.lease_read(text)', 'tied'),
+    ('function', 'leasewrap.lease_take(text,bigint,bigint,text)', 'tied'),
+    ('function', 'leasewrap.lease_renew(text,numeric)', 'tied'),
+    ('function', 'leasewrap.lease_release(text,numeric)', 'tied'),
+    ('function', 'leasewrap_data.lease_check(text)', NULL),
     ('function', 'leasewrap.allow(regrole,text)', NULL),
     ('function', 'leasewrap.disallow(regrole,text)', NULL),
     ('function', 'leasewrap_data.covers(text,text)', NULL),
@@ -236,8 +252,8 @@ BEGIN
         EXECUTE format('SELECT max(version) FROM %s', coalesce(pg_catalog.to_regclass('leasewrap_data.installed'),
                                                              pg_catalog.to_regclass('leasewrap.installed')))
             INTO installed;
-        IF installed > 3 THEN
-            RAISE EXCEPTION 'leasewrap fence: version % is installed, and this script is version 3', installed
+        IF installed > 4 THEN
+            RAISE EXCEPTION 'leasewrap fence: version % is installed, and this script is version 4', installed
                 USING ERRCODE = '42710',
                       HINT = 'install the fence-sql of the leasewrap that made it, or a newer one';
         END IF;
@@ -250,7 +266,8 @@ CREATE TEMPORARY TABLE leasewrap_existed ON COMMIT DROP AS
 SELECT f.objid FROM pg_temp.leasewrap_found() AS f;
 
 -- The version that was there before this run (1 for leasewrap's first fence, which had no
--- installed table; 2 for the one whose tables were in the schema leasewrap; NULL for none).
+-- installed table; 2 for the one whose tables were in the schema leasewrap; 3 for version 3 and
+-- later, whose tables are where this one keeps them; NULL for none).
 CREATE TEMPORARY TABLE leasewrap_before ON COMMIT DROP AS
 SELECT CASE
            WHEN pg_catalog.to_regclass('leasewrap_data.installed') IS NOT NULL THEN 3
@@ -327,6 +344,22 @@ CREATE TABLE IF NOT EXISTS leasewrap_data.allowed (
     names text NOT NULL
         CHECK (names OPERATOR(pg_catalog.~) '^([A-Za-z0-9._@:+=-]{1,128}|[A-Za-z0-9._@:+=-]{0,127}[*])$'::pg_catalog.text),
     PRIMARY KEY (role, names)
+);
+
+-- One row per lease NAME, never deleted (docs/database.md): version moves with every change,
+-- token counts the takes (the fencing token, a u64), held says whether someone holds it, ttl_ms
+-- is L as its holder asked for it, holder says who (JSON: host, pid, program). No clock column:
+-- nothing here is timed by a server's clock.
+CREATE TABLE IF NOT EXISTS leasewrap_data.lease (
+    name text PRIMARY KEY
+        CHECK (name OPERATOR(pg_catalog.~) '^[A-Za-z0-9._@:+=-]{1,128}$'::pg_catalog.text),
+    version bigint NOT NULL CHECK (version OPERATOR(pg_catalog.>=) 1::pg_catalog.int8),
+    token numeric(20,0) NOT NULL
+        CHECK (token OPERATOR(pg_catalog.>=) 1::pg_catalog.numeric
+               AND token OPERATOR(pg_catalog.<=) 18446744073709551615::pg_catalog.numeric),
+    held boolean NOT NULL,
+    ttl_ms bigint NOT NULL,
+    holder text NOT NULL
 );
 
 -- The version installed.
@@ -515,6 +548,137 @@ AS $fences$
     SELECT f.name, f.token, f.fenced_at FROM leasewrap_data.fence AS f ORDER BY f.name;
 $fences$;
 
+-- The lease's check of a name and of the role that logged in: LWF02 for a bad name, 42501 for
+-- a role not tied to it (docs/security.md). Called by the lease's functions only.
+CREATE OR REPLACE FUNCTION leasewrap_data.lease_check(name text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $lease_check$
+BEGIN
+    IF name IS NULL OR name !~ '^[A-Za-z0-9._@:+=-]{1,128}$'::text THEN
+        RAISE EXCEPTION 'leasewrap lease: the lease name % is not 1 to 128 ASCII letters, digits and ._-@:+=',
+                coalesce(to_json(left(name, 64))::text, 'NULL')
+            USING ERRCODE = 'LWF02';
+    END IF;
+    IF NOT EXISTS (SELECT FROM leasewrap_data.may_use(lease_check.name)) THEN
+        RAISE EXCEPTION 'leasewrap lease: role % may not use the lease "%"', session_user, name
+            USING ERRCODE = '42501',
+                  HINT = format('an administrator ties names to roles: SELECT leasewrap.allow(%L, %L)',
+                                session_user, name);
+    END IF;
+END;
+$lease_check$;
+
+-- The version of this SQL, which leasewrap checks before it takes a lease.
+CREATE OR REPLACE FUNCTION leasewrap.lease_sql()
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $lease_sql$
+    SELECT 4;
+$lease_sql$;
+
+-- The row of NAME; a name never taken reads as version 0, free.
+CREATE OR REPLACE FUNCTION leasewrap.lease_read(name text)
+RETURNS TABLE (version bigint, token numeric, held boolean, ttl_ms bigint, holder text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_read$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_read.name);
+    RETURN QUERY
+        SELECT l.version, l.token, l.held, l.ttl_ms, l.holder FROM leasewrap_data.lease AS l
+            WHERE l.name = lease_read.name
+        UNION ALL
+        SELECT 0::bigint, 0::numeric, false, 0::bigint, ''::text
+            WHERE NOT EXISTS (SELECT FROM leasewrap_data.lease AS l WHERE l.name = lease_read.name)
+        LIMIT 1;
+END;
+$lease_read$;
+
+-- Take NAME: a compare-and-set on the version the taker read (0: never taken). One more take on
+-- the token, the version moved, L and the holder recorded. No row when the version moved.
+CREATE OR REPLACE FUNCTION leasewrap.lease_take(name text, seen bigint, ttl_ms bigint, holder text)
+RETURNS TABLE (version bigint, token numeric)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_take$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_take.name);
+    IF seen IS NULL OR seen < 0 OR ttl_ms IS NULL OR ttl_ms < 1000 OR ttl_ms > 315360000000
+            OR holder IS NULL OR length(holder) > 4096 THEN
+        RAISE EXCEPTION 'leasewrap lease: take of "%" with version %, ttl_ms % and a holder of % characters',
+                name, seen, ttl_ms, length(holder)
+            USING ERRCODE = 'LWF02';
+    END IF;
+    IF seen = 0 THEN
+        RETURN QUERY
+            INSERT INTO leasewrap_data.lease AS l (name, version, token, held, ttl_ms, holder)
+                VALUES (lease_take.name, 1, 1, true, lease_take.ttl_ms, lease_take.holder)
+                ON CONFLICT ON CONSTRAINT lease_pkey DO NOTHING
+                RETURNING l.version, l.token;
+    ELSE
+        RETURN QUERY
+            UPDATE leasewrap_data.lease AS l
+                SET version = l.version + 1, token = l.token + 1, held = true,
+                    ttl_ms = lease_take.ttl_ms, holder = lease_take.holder
+                WHERE l.name = lease_take.name AND l.version = lease_take.seen
+                  AND l.token < 18446744073709551615::numeric
+                RETURNING l.version, l.token;
+    END IF;
+END;
+$lease_take$;
+
+-- Renew NAME: a compare-and-set on the holder's token; the version moves. renewed is false when
+-- the row is another holder's (token) or free (held).
+CREATE OR REPLACE FUNCTION leasewrap.lease_renew(name text, token numeric)
+RETURNS TABLE (renewed boolean, token_now numeric, held boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_renew$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_renew.name);
+    RETURN QUERY
+        UPDATE leasewrap_data.lease AS l SET version = l.version + 1
+            WHERE l.name = lease_renew.name AND l.token = lease_renew.token AND l.held
+            RETURNING true, l.token, l.held;
+    IF NOT FOUND THEN
+        RETURN QUERY
+            SELECT false, l.token, l.held FROM leasewrap_data.lease AS l WHERE l.name = lease_renew.name
+            UNION ALL
+            SELECT false, 0::numeric, false
+                WHERE NOT EXISTS (SELECT FROM leasewrap_data.lease AS l WHERE l.name = lease_renew.name)
+            LIMIT 1;
+    END IF;
+END;
+$lease_renew$;
+
+-- Release NAME: a compare-and-set on the holder's token; the row is free and the version moves,
+-- and the waiters that listen on leasewrap_lease are told (at commit).
+CREATE OR REPLACE FUNCTION leasewrap.lease_release(name text, token numeric)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_release$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_release.name);
+    UPDATE leasewrap_data.lease AS l SET version = l.version + 1, held = false
+        WHERE l.name = lease_release.name AND l.token = lease_release.token AND l.held;
+    IF FOUND THEN
+        PERFORM pg_notify('leasewrap_lease', lease_release.name);
+    END IF;
+    RETURN FOUND;
+END;
+$lease_release$;
+
 -- Grants (or revokes) role what a tie gives it: the objects listed for 'tied' (USAGE on the
 -- schema leasewrap, EXECUTE on the fence). A role dropped since it was tied has nothing left to
 -- grant or revoke; a role that reads with fences() keeps its USAGE.
@@ -610,6 +774,7 @@ BEGIN
     END LOOP;
     IF (SELECT version FROM pg_temp.leasewrap_before) IS DISTINCT FROM 2
             AND (SELECT version FROM pg_temp.leasewrap_before) IS DISTINCT FROM 3 THEN
+        -- (3 is also any later version: their settings are kept.)
         ALTER FUNCTION leasewrap.fence(text, text) SET lock_timeout = '2min';
     END IF;
 END;
@@ -702,7 +867,7 @@ DECLARE
     before integer := (SELECT version FROM pg_temp.leasewrap_before);
     grantee record;
 BEGIN
-    IF before IS NULL OR before = 3 THEN
+    IF before IS NULL OR before >= 3 THEN
         RETURN;
     END IF;
     FOR grantee IN
@@ -791,6 +956,6 @@ END;
 $ties$;
 
 DELETE FROM leasewrap_data.installed;
-INSERT INTO leasewrap_data.installed (version) VALUES (3);
+INSERT INTO leasewrap_data.installed (version) VALUES (4);
 
 COMMIT;

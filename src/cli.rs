@@ -312,6 +312,10 @@ pub struct ConnArgs {
     #[arg(long, value_name = "CONNECT")]
     pub zookeeper: Option<String>,
 
+    /// PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?sslmode=verify-full&...]; the password from --password-file or ~/.pgpass, never in the URL [env: LEASEWRAP_DATABASE]
+    #[arg(long, value_name = "URL")]
+    pub database: Option<String>,
+
     /// Key prefix; '' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]
     #[arg(long, value_name = "P")]
     pub prefix: Option<String>,

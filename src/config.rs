@@ -14,6 +14,10 @@ use crate::error::{Error, ExitCodes};
 use crate::lease::timing::Params;
 use crate::runs::{file, slot, Once};
 
+pub mod database;
+
+use database::DbConfig;
+
 /// Everything a run needs, checked.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -57,6 +61,8 @@ pub enum Backend {
     Etcd(EtcdConfig),
     /// ZooKeeper, reached with the same TLS and auth settings as etcd would be.
     Zk(ZkConfig),
+    /// A lease row in PostgreSQL (`--database`).
+    Db(DbConfig),
 }
 
 /// How to reach ZooKeeper.
@@ -188,6 +194,9 @@ impl Config {
             max_runtime: max_runtime(args.max_runtime, effective.kill_after)?,
             metrics_file: metrics_file(args.metrics_file.as_deref())?,
         };
+        if let (Backend::Db(d), Some(_)) = (&cfg.backend, &cfg.once) {
+            return Err(crate::lease::db::no_records(d));
+        }
         warn_if_ahead_of_its_slot(args, now);
         Ok(cfg)
     }
@@ -386,6 +395,9 @@ const fn is_name_char(c: char) -> bool {
 
 /// The backend: ZooKeeper or etcd when configured anywhere, the local one otherwise.
 pub fn backend(conn: &ConnArgs, local_dir: Option<&Path>, env: Env) -> Result<Backend, Error> {
+    if let Some(url) = database(conn, env)? {
+        return db(&url, conn, env).map(Backend::Db);
+    }
     if let Some(connect) = zookeeper(conn, env)? {
         return zk_config(&connect, conn, env).map(Backend::Zk);
     }
@@ -436,6 +448,48 @@ fn zookeeper(conn: &ConnArgs, env: Env) -> Result<Option<String>, Error> {
         ));
     }
     Ok(from_env)
+}
+
+/// The database URL, if one is configured: --database, or LEASEWRAP_DATABASE when no other
+/// service is given on the command line. With another service on the command line it is a usage
+/// error.
+fn database(conn: &ConnArgs, env: Env) -> Result<Option<String>, Error> {
+    let set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
+    let other = set(&conn.endpoints) || set(&conn.zookeeper);
+    if set(&conn.database) && other {
+        return Err(Error::Usage(
+            "--database excludes --endpoints and --zookeeper: one lease service at a time".into(),
+        ));
+    }
+    if set(&conn.database) {
+        return Ok(conn.database.clone());
+    }
+    Ok(env("LEASEWRAP_DATABASE").filter(|v| !v.trim().is_empty() && !other))
+}
+
+/// The checked `--database` URL, and what it needs of the other options: the CA file, the
+/// password file, the dial timeout. The etcd and ZooKeeper options that cannot apply are refused.
+fn db(url: &str, conn: &ConnArgs, env: Env) -> Result<DbConfig, Error> {
+    let unused = [
+        (
+            conn.cert.is_some() || conn.key.is_some(),
+            "--cert and --key",
+        ),
+        (conn.user.is_some(), "--user (the URL names the user)"),
+        (conn.zk_auth.is_some(), "--zk-auth"),
+        (conn.prefix.is_some(), "--prefix"),
+    ];
+    if let Some((_, what)) = unused.iter().find(|(given, _)| *given) {
+        return Err(Error::Usage(format!("{what} cannot apply to --database")));
+    }
+    let keys = ["LEASEWRAP_PASSWORD_FILE"];
+    let password_file = file_option(&conn.password_file, "--password-file", env, &keys);
+    let given = database::Given {
+        cacert: conn.cacert.as_deref(),
+        password_file,
+        dial_timeout: dial_timeout(conn, env)?,
+    };
+    database::db_config(url.trim(), &given, env)
 }
 
 /// A checked connect string `host:port,host:port[/chroot]` and the etcd-style settings.
@@ -843,6 +897,33 @@ mod tests {
         ] {
             assert!(!zk_path_ok(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_database_url_excludes_the_other_services_and_options_that_cannot_apply() {
+        let usage = |args: &[&str], env: &[(&str, &str)]| match parse(args, env) {
+            Err(Error::Usage(why)) => why,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        let url = "postgresql://job@db/app";
+        let db = parse(&["--database", url, "--", "true"], &[]).unwrap();
+        assert!(matches!(db.backend, Backend::Db(ref d) if d.user == "job"));
+        let from_env = parse(&["--", "true"], &[("LEASEWRAP_DATABASE", url)]).unwrap();
+        assert!(matches!(from_env.backend, Backend::Db(_)));
+        let etcd = parse(
+            &["--endpoints", "e:1", "--", "true"],
+            &[("LEASEWRAP_DATABASE", url)],
+        );
+        assert!(matches!(etcd.unwrap().backend, Backend::Etcd(_)));
+        let both = usage(
+            &["--database", url, "--endpoints", "e:1", "--", "true"],
+            &[],
+        );
+        assert!(both.contains("one lease service"), "{both}");
+        assert!(
+            usage(&["--database", url, "--prefix", "p/", "--", "true"], &[]).contains("--prefix")
+        );
+        assert!(usage(&["--database", url, "--once", "k", "--", "true"], &[]).contains("--once"));
     }
 
     #[test]

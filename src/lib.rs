@@ -5,6 +5,7 @@
 //!
 //! - `cli`: clap definitions and value parsers; no I/O.
 //! - `config`: a checked `Config` from the command line and the environment.
+//! - `config::database`: `--database URL`, the password from `--password-file` or `.pgpass`.
 //! - `error`: the one error enum and the one mapping to exit statuses.
 //! - `clock`: CLOCK_BOOTTIME behind one small type.
 //! - `lease`: taking, keeping and giving back a lease on any backend; knows no processes.
@@ -14,6 +15,8 @@
 //!   record; below the backends and `status`, which renders it.
 //! - `lease::timing`: the pure deadline rules (instants and replies in, actions out).
 //! - `lease::timing::zk`: ZooKeeper's rule: a Look, a Sync after the leader's PING bound, a Check.
+//! - `lease::timing::db`: the database's rule: `D` from a renewal's send; a waiter's takeover
+//!   only after the row's version stood still for `L` since a read's answer arrived.
 //! - `lease::etcd`: the etcd backend, split as etcd's own `concurrency` package is.
 //! - `lease::etcd::client`: dialling, retries, telling 69 from 77, guarded transactions.
 //! - `lease::etcd::session`: the lease and the keeper task that renews it.
@@ -30,6 +33,9 @@
 //! - `lease::zk::lock`: the lock recipe (protected ephemeral sequential nodes, czxid token).
 //! - `lease::zk::keeper`: the keeper that renews `D` by `timing::zk`.
 //! - `lease::zk::runs`, `lease::zk::status`, `lease::zk::fence`: its records, status, puts.
+//! - `lease::db`: the database backend (PostgreSQL): waiting, taking, the keeper, the release.
+//! - `lease::db::postgres`: one connection to PostgreSQL and the lease's statements on it.
+//! - `lease::db::status`: `status` of a lease's row.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
 //! - `supervise::kernel`: what the kernel must have (pidfd_open, ...), tried before anything.

@@ -408,12 +408,20 @@ const LEASE_VARS: &[LeaseVar] = &[
         },
     },
     LeaseVar {
+        name: "LEASEWRAP_DATABASE",
+        own: false,
+        value: |cfg, _| match &cfg.backend {
+            Backend::Db(d) => Some(d.url.clone()),
+            _ => None,
+        },
+    },
+    LeaseVar {
         name: "LEASEWRAP_PREFIX",
         own: false,
         value: |cfg, _| match &cfg.backend {
             Backend::Etcd(e) => Some(e.prefix.clone()),
             Backend::Zk(z) => Some(z.conn.prefix.clone()),
-            Backend::Local { .. } => None,
+            Backend::Local { .. } | Backend::Db(_) => None,
         },
     },
     LeaseVar {

@@ -35,7 +35,7 @@ _leasewrap() {
 
     case "${cmd}" in
         leasewrap)
-            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
+            opts="-c -n -w -E -s -q -v -h -V --name --ttl --no-wait --wait --conflict-exit-code --kill-after --signal --margin --drift --lost-exit-code --max-runtime --once --once-per --keep --max-attempts --metrics-file --endpoints --zookeeper --database --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --local-dir --log-format --quiet --verbose --help --version status fenced-write fenced-put fence-sql"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -125,6 +125,10 @@ _leasewrap() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --database)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -187,7 +191,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__fenced__subcmd__put)
-            opts="-q -v -h --token --lock-key --zookeeper --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --log-format --quiet --verbose --endpoints --help"
+            opts="-q -v -h --token --lock-key --zookeeper --database --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --log-format --quiet --verbose --endpoints --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -202,6 +206,10 @@ _leasewrap() {
                     return 0
                     ;;
                 --zookeeper)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -275,7 +283,7 @@ _leasewrap() {
             return 0
             ;;
         leasewrap__subcmd__status)
-            opts="-q -v -h --name --json --once --once-per --endpoints --zookeeper --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --local-dir --log-format --quiet --verbose --help"
+            opts="-q -v -h --name --json --once --once-per --endpoints --zookeeper --database --prefix --cacert --cert --key --user --password-file --zk-auth --dial-timeout --local-dir --log-format --quiet --verbose --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -298,6 +306,10 @@ _leasewrap() {
                     return 0
                     ;;
                 --zookeeper)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leasewrap_global_optspecs
-    string join \n name= c= ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= s/signal= margin= drift= lost-exit-code= max-runtime= once= once-per= keep= max-attempts= metrics-file= endpoints= zookeeper= prefix= cacert= cert= key= user= password-file= zk-auth= dial-timeout= local-dir= log-format= q/quiet v/verbose h/help V/version
+    string join \n name= c= ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= s/signal= margin= drift= lost-exit-code= max-runtime= once= once-per= keep= max-attempts= metrics-file= endpoints= zookeeper= database= prefix= cacert= cert= key= user= password-file= zk-auth= dial-timeout= local-dir= log-format= q/quiet v/verbose h/help V/version
 end
 
 function __fish_leasewrap_needs_command
@@ -42,6 +42,7 @@ complete -c leasewrap -n "__fish_leasewrap_needs_command" -l max-attempts -d 'Gi
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l metrics-file -d 'After every run or skip, replace PATH with a node_exporter textfile-collector file (name it *.prom)' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l zookeeper -d 'ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]' -r
+complete -c leasewrap -n "__fish_leasewrap_needs_command" -l database -d 'PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?sslmode=verify-full&...]; the password from --password-file or ~/.pgpass, never in the URL [env: LEASEWRAP_DATABASE]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cacert -d 'CA bundle to verify etcd\'s certificate, or ZooKeeper\'s on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_needs_command" -l cert -d 'Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
@@ -68,6 +69,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once -d '
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l once-per -d 'Say which KEY a run with --once-per DUR would use now, and whether it is done (exit 0) or not (exit 1)' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l endpoints -d 'etcd endpoints, comma separated; none means the local backend [env: LEASEWRAP_ENDPOINTS, ETCDCTL_ENDPOINTS]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l zookeeper -d 'ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l database -d 'PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?sslmode=verify-full&...]; the password from --password-file or ~/.pgpass, never in the URL [env: LEASEWRAP_DATABASE]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cacert -d 'CA bundle to verify etcd\'s certificate, or ZooKeeper\'s on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand status" -l cert -d 'Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F
@@ -93,6 +95,7 @@ complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-write" -s h -
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l token -d 'Fencing token of this write [default: $LEASEWRAP_FENCING_TOKEN, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l lock-key -d 'The lock key whose create revision must equal the token [default: $LEASEWRAP_KEY, which leasewrap sets for its child]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l zookeeper -d 'ZooKeeper instead of etcd: host:port,host:port[/chroot], as ZooKeeper tools take it [env: LEASEWRAP_ZOOKEEPER]' -r
+complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l database -d 'PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?sslmode=verify-full&...]; the password from --password-file or ~/.pgpass, never in the URL [env: LEASEWRAP_DATABASE]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l prefix -d 'Key prefix; \'\' shares locks with `etcdctl lock NAME` [env: LEASEWRAP_PREFIX] [default: leasewrap/]' -r
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cacert -d 'CA bundle to verify etcd\'s certificate, or ZooKeeper\'s on its secure client port [env: LEASEWRAP_CACERT, ETCDCTL_CACERT]' -r -F
 complete -c leasewrap -n "__fish_leasewrap_using_subcommand fenced-put" -l cert -d 'Client certificate for TLS; on ZooKeeper also the identity (x509) that owns what leasewrap creates [env: LEASEWRAP_CERT, ETCDCTL_CERT]' -r -F

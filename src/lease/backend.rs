@@ -1,7 +1,7 @@
 //! The one interface every backend implements, and the one place that picks the implementation
 //! for a configured [`Backend`]. The run loop, `status`, the run records and `fenced-put` go
-//! through these traits only; each backend's folder (`lease::local`, `lease::etcd`, `lease::zk`) holds its
-//! lock, its run records and its status reading behind them; `lease::zk` likewise.
+//! through these traits only; each backend's folder (`lease::local`, `lease::etcd`, `lease::zk`,
+//! `lease::db`) holds its lock, its run records and its status reading behind them.
 //!
 //! The futures are boxed and not `Send`: leasewrap runs one current-thread runtime, and a trait
 //! object cannot name its futures' types otherwise.
@@ -137,6 +137,7 @@ pub async fn lessor(cfg: &Config) -> Result<Box<dyn Lessor>, Error> {
         Backend::Local { dir } => Box::new(super::local::Lessor::new(dir, cfg)?),
         Backend::Etcd(e) => Box::new(super::etcd::Etcd::connect(e, cfg.params).await?),
         Backend::Zk(z) => Box::new(super::zk::Zk::connect(z, cfg.params).await?),
+        Backend::Db(d) => Box::new(super::db::Db::connect(d, cfg.params).await?),
     })
 }
 
@@ -163,6 +164,7 @@ pub fn reader(backend: &Backend) -> Box<dyn Reader + '_> {
         Backend::Local { dir } => Box::new(super::local::status::Reader::new(dir)),
         Backend::Etcd(e) => Box::new(super::etcd::status::Reader::new(e)),
         Backend::Zk(z) => Box::new(super::zk::status::Reader::new(z)),
+        Backend::Db(d) => Box::new(super::db::status::Reader::new(d)),
     }
 }
 
@@ -175,5 +177,8 @@ pub fn fence(backend: &Backend) -> Result<Box<dyn Fence + '_>, Error> {
         )),
         Backend::Etcd(e) => Ok(Box::new(super::etcd::fence::Fence::new(e))),
         Backend::Zk(z) => Ok(Box::new(super::zk::fence::Fence::new(z))),
+        Backend::Db(_) => Err(Error::Usage(
+            "fenced-put writes to etcd or ZooKeeper; in the lease's database, call leasewrap.fence(NAME, TOKEN) first in the job's own transaction (docs/fencing.md)".into(),
+        )),
     }
 }

@@ -3,6 +3,7 @@
 //! run loop passes them on to the watchdog.
 
 pub mod backend;
+pub mod db;
 pub mod etcd;
 pub mod keeper;
 pub mod local;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::LossReason;
 use crate::clock::BootInstant;
 
+pub mod db;
 pub mod zk;
 
 /// The timing options of one run, before a TTL is granted.
@@ -154,7 +155,7 @@ pub struct Read {
 }
 
 /// What the confirming read found at the own key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KeySeen {
     /// There, with the create revision it was given.
     Ours,
@@ -212,10 +213,14 @@ pub enum Twin {
     DFromCheck,
     /// ZooKeeper: a reconnect that negotiates a shorter timeout leaves `D` where it was.
     MoveKeepsD,
+    /// Database: the holder counts `D` from its renewal's answer instead of its send.
+    DbDFromAnswer,
+    /// Database: the waiter counts `L` from its read's send instead of its answer's arrival.
+    DbWatchFromSend,
 }
 
 /// The broken twin a schedule follows: none, but in the model checker's builds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 struct Twins {
     #[cfg(feature = "model-twins")]
     twin: Option<Twin>,
@@ -457,11 +462,11 @@ pub enum GrantError {
 mod tests {
     use super::*;
 
-    fn at(ms: u64) -> BootInstant {
+    pub(super) fn at(ms: u64) -> BootInstant {
         BootInstant::from_since_boot(Duration::from_secs(1000) + Duration::from_millis(ms))
     }
 
-    fn params(ttl_s: u64) -> Params {
+    pub(super) fn params(ttl_s: u64) -> Params {
         Params {
             ttl: Duration::from_secs(ttl_s),
             kill_after: None,
@@ -472,7 +477,7 @@ mod tests {
 
     /// Equal within a microsecond (the float division of the formula rounds).
     #[track_caller]
-    fn assert_near(a: BootInstant, b: BootInstant) {
+    pub(super) fn assert_near(a: BootInstant, b: BootInstant) {
         let gap = a.until(b).max(b.until(a));
         assert!(gap < Duration::from_micros(1), "{a:?} != {b:?}");
     }

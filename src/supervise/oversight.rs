@@ -56,7 +56,7 @@ impl Oversight {
         [stop, self.deadline, self.stop_asked, kill]
             .into_iter()
             .flatten()
-            .filter(|t| self.checked.map_or(true, |c| *t > c))
+            .filter(|t| self.checked.is_none_or(|c| *t > c))
             .min()
     }
 

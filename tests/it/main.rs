@@ -12,6 +12,7 @@
 //! - `local`: the local backend (flock + token file).
 //! - `once`: once per scheduled run: --once, --once-per, --max-runtime, --metrics-file.
 //! - `operating`: `status`, sd_notify, JSON logs.
+//! - `database`: the database lease (`--database`) against a real PostgreSQL 15.
 //! - `dbfence`: the database fence's scenarios, the same on every server (SPEC §9 F16).
 //! - `postgres`, `mariadb`: the database fence against a real PostgreSQL 15 and MariaDB 10.11
 //!   (SPEC §7, §9 F16), their other roles and users included.
@@ -37,6 +38,7 @@ mod bench_prom;
 #[path = "../../benches/figures/stats.rs"]
 mod bench_stats;
 
+mod database;
 mod dbfence;
 mod docs;
 mod etcd;

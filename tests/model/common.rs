@@ -85,6 +85,30 @@ pub fn kill_after() -> Duration {
         .kill_after
 }
 
+/// What a fault pauses of a holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pause {
+    /// leasewrap is stopped; its watchdog is not.
+    Process,
+    /// The whole host is stopped.
+    Host,
+}
+
+/// Client `c`, whose pause is `slot`, is paused (`to` is some) or runs again at `now`; a whole
+/// host's child is frozen with it, and on its return stale if a newer holder runs.
+pub fn set_pause(
+    slot: &mut Option<Pause>,
+    world: &mut World,
+    c: usize,
+    to: Option<Pause>,
+    now: BootInstant,
+) {
+    let was = std::mem::replace(slot, to);
+    if to == Some(Pause::Host) || was == Some(Pause::Host) {
+        world.freeze(c, to.is_some(), now);
+    }
+}
+
 /// The holders, as the timelines name them.
 pub const NAMES: [&str; 2] = ["A", "B"];
 

@@ -17,7 +17,8 @@ use leasewrap::lease::timing::{Kept, KeySeen, Next, Read, Schedule, Twin, Verdic
 use stateright::{Model, Property};
 
 use crate::common::{
-    arrives_by, at, next_instant, params, server_ticks, ticks, World, EPSILON, NAMES, TTL,
+    arrives_by, at, next_instant, params, server_ticks, set_pause, ticks, Pause, World, EPSILON,
+    NAMES, TTL,
 };
 
 /// etcd's election timeout, in ticks (its default, 1 s).
@@ -122,14 +123,6 @@ pub struct Holding {
     pub answered: bool,
     /// The member left while its lessor answered, nudged with every renewal.
     pub sidecar: Option<usize>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pause {
-    /// leasewrap is stopped; its watchdog is not.
-    Process,
-    /// The whole host is stopped.
-    Host,
 }
 
 #[derive(Clone, Debug, Hash)]
@@ -469,15 +462,10 @@ impl Model for Etcd {
             Action::Recover(m) => recover(&mut s, m, self.release),
             Action::PauseClient(c, p) => {
                 s.faults += 1;
-                s.clients[c].pause = Some(p);
-                if p == Pause::Host {
-                    s.world.freeze(c, true, s.now);
-                }
+                set_pause(&mut s.clients[c].pause, &mut s.world, c, Some(p), s.now);
             }
             Action::ResumeClient(c) => {
-                if s.clients[c].pause.take() == Some(Pause::Host) {
-                    s.world.freeze(c, false, s.now);
-                }
+                set_pause(&mut s.clients[c].pause, &mut s.world, c, None, s.now);
             }
             Action::Write(c) => s.world.write(c),
         }

@@ -9,6 +9,7 @@
 //! the deep sizes.
 
 mod common;
+mod db;
 mod etcd;
 mod timeline;
 
@@ -161,6 +162,7 @@ pub fn deep() -> bool {
     std::env::var_os("LEASEWRAP_MODEL_DEEP").is_some_and(|v| v == "1")
 }
 
+mod db_checks;
 mod etcd_checks;
 mod zk;
 mod zk_checks;

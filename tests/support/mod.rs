@@ -12,6 +12,7 @@ pub mod http;
 mod job;
 pub mod mariadb;
 pub mod neighbour;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
 pub mod release;

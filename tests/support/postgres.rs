@@ -51,11 +51,12 @@ pub struct Postgres {
     _dir: TempDir,
 }
 
-/// One server for the whole test binary, stopped when the process exits.
+/// One server for the whole test binary, stopped when the process exits; on its socket and on
+/// loopback (the lease's tests reach it through the fault proxy).
 pub fn shared() -> &'static Postgres {
     static SHARED: OnceLock<Postgres> = OnceLock::new();
     dbserver::shared(&SHARED, &KIND, || {
-        let pg = Postgres::start();
+        let pg = Postgres::start_on_loopback();
         let pid = pg.pid;
         (pg, pid)
     })
@@ -105,6 +106,16 @@ impl Postgres {
             pid,
             _dir: dir,
         }
+    }
+
+    /// The socket's directory.
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
+    }
+
+    /// The port: of the socket, and of 127.0.0.1 for a `start_on_loopback` server.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The variables that point libpq at database `db` over TCP (a `start_on_loopback` server).

@@ -297,7 +297,7 @@ impl Pump {
             if let Some(frames) = &mut self.frames {
                 let requests = frames.data_frames_in(chunk);
                 let mut stamps = self.shared.requests.lock().unwrap();
-                stamps.extend(std::iter::repeat(now).take(requests));
+                stamps.extend(std::iter::repeat_n(now, requests));
             }
             self.queue.push_back((now, chunk.to_vec()));
         }

@@ -284,7 +284,7 @@ fn one_pid(binary: &Path) -> i32 {
         let first: Vec<i32> = all
             .iter()
             .copied()
-            .filter(|&p| parent_of(p).map_or(true, |pp| !all.contains(&pp)))
+            .filter(|&p| parent_of(p).is_none_or(|pp| !all.contains(&pp)))
             .collect();
         match first[..] {
             [pid] => return pid,
@@ -306,7 +306,7 @@ fn stop_tree(holder: i32, child: i32) -> Vec<i32> {
     }
     killpg(group, Signal::SIGSTOP).expect("SIGSTOP the child's group");
     let deadline = Instant::now() + START_BOUND;
-    while !tree.iter().all(|&p| state_of(p).map_or(true, |s| s == 'T')) {
+    while !tree.iter().all(|&p| state_of(p).is_none_or(|s| s == 'T')) {
         assert!(Instant::now() < deadline, "A's tree {tree:?} did not stop");
         thread::yield_now();
     }

@@ -142,6 +142,6 @@ fn once(bench: &mut Bench, tool: Tool, name: &str, ttl: u32) -> Takeover {
         from_renewal: last.map(|l| secs(l, new)),
         kill_after_renewal: last.map(|l| secs(l, killed)),
         old_exit_after_kill: old.map(|o| secs(killed, o)),
-        orphan_at_takeover: old.map_or(true, |o| o > new),
+        orphan_at_takeover: old.is_none_or(|o| o > new),
     }
 }

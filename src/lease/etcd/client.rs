@@ -438,7 +438,7 @@ fn handshake_cut(inner: &(dyn StdError + 'static)) -> bool {
 
 /// `e` and every error it was caused by, looking inside I/O errors too (their `source` skips
 /// the error they wrap).
-fn causes<'a>(
+pub(crate) fn causes<'a>(
     e: &'a (dyn StdError + 'static),
 ) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
     let mut next = Some(e);
@@ -456,7 +456,7 @@ fn causes<'a>(
 }
 
 /// A certificate or handshake failure.
-fn is_tls(e: &(dyn StdError + 'static)) -> bool {
+pub(crate) fn is_tls(e: &(dyn StdError + 'static)) -> bool {
     e.downcast_ref::<rustls::Error>().is_some()
 }
 

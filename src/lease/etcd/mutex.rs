@@ -214,7 +214,7 @@ fn look_txn(queue: &str, queued: &Queued, along: Option<&str>) -> Txn {
 fn judge_look(resp: &TxnResponse, revision: i64) -> Look {
     let firsts = first_kvs(resp);
     let first = |i: usize| firsts.get(i).and_then(Option::as_ref);
-    if !first(1).is_some_and(|kv| kv.create_revision() == revision) {
+    if first(1).is_none_or(|kv| kv.create_revision() != revision) {
         return Look::Lost;
     }
     match first(0) {

@@ -19,7 +19,7 @@ pub mod fence;
 pub mod runs;
 mod sasl;
 pub mod status;
-mod tls;
+pub(crate) mod tls;
 
 /// Modules of the backend's own, public only to the tests of their seams (the `seams` feature,
 /// which no build a user runs turns on).

@@ -396,7 +396,7 @@ fn replace_paths(text: &str, prefix: &str, to: &str) -> String {
         let starts_word = rest[..at]
             .chars()
             .last()
-            .map_or(true, |c| " \t\n'\"=:(".contains(c));
+            .is_none_or(|c| " \t\n'\"=:(".contains(c));
         out += &rest[..at];
         out += if starts_word { to } else { prefix };
         rest = &rest[at + prefix.len()..];

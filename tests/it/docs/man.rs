@@ -16,6 +16,18 @@ pub const READ: &[(&str, &str)] = &[
         "LEASEWRAP_ZOOKEEPER",
         "ZooKeeper instead of etcd: host:port,host:port[/chroot] (--zookeeper). An --endpoints on the command line wins over it; beside LEASEWRAP_ENDPOINTS it is bad usage (64).",
     ),
+    (
+        "LEASEWRAP_DATABASE",
+        "PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?PARAM=VALUE&...] (--database). Beside --endpoints or --zookeeper on the command line it is not used.",
+    ),
+    (
+        "PGPASSFILE",
+        "with --database and no --password-file, the password is the first matching line of $PGPASSFILE, else $HOME/.pgpass, as libpq reads it; a file group or others may read is not used.",
+    ),
+    (
+        "USER",
+        "with --database, the user when the URL names none, as libpq takes it.",
+    ),
     ("LEASEWRAP_PREFIX", "key prefix of the lock keys (--prefix); default leasewrap/."),
     ("LEASEWRAP_CACERT, ETCDCTL_CACERT", "CA bundle to verify the server's certificate (--cacert)."),
     ("LEASEWRAP_CERT, ETCDCTL_CERT", "client certificate for TLS (--cert)."),
@@ -79,6 +91,10 @@ pub const GIVEN: &[(&str, &str)] = &[
     (
         "LEASEWRAP_ZOOKEEPER",
         "the connect string, so that COMMAND can call leasewrap fenced-put (ZooKeeper only).",
+    ),
+    (
+        "LEASEWRAP_DATABASE",
+        "the --database URL (it holds no password), so that COMMAND can reach the same database, where leasewrap.fence(NAME, TOKEN) takes the lease's token (--database only).",
     ),
     (
         "LEASEWRAP_LOCAL_DIR",

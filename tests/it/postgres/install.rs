@@ -22,10 +22,10 @@ fn install_output(pg: &Postgres, db: &str) -> crate::support::Output {
     pg.psql_file(db, &[], Path::new(FENCE_SQL))
 }
 
-/// Version 3 installed, with the fence's lock_timeout `lock_timeout`.
-fn version_3(lock_timeout: &str) -> (String, String) {
+/// The shipped version (4) installed, with the fence's lock_timeout `lock_timeout`.
+fn shipped_version(lock_timeout: &str) -> (String, String) {
     let settings = format!("search_path=pg_catalog, pg_temp;lock_timeout={lock_timeout}");
-    ("3".to_owned(), settings)
+    ("4".to_owned(), settings)
 }
 
 /// The installed version and the function's settings.
@@ -71,7 +71,7 @@ fn the_upgrade_from_version_1_keeps_tokens_and_reads_but_takes_the_jobs_table_wr
          tie it to its own with leasewrap.allow('{job}', NAME) and leasewrap.disallow('{job}', '*')"
     );
     assert!(out.stderr.contains(&warned), "{}", out.stderr);
-    assert_eq!(installed(pg, &db), version_3("2min"));
+    assert_eq!(installed(pg, &db), shipped_version("2min"));
     let as_job = |sql: &str| pg.psql_as(&job, &db, sql);
     let stale = as_job("SELECT leasewrap.fence('report', 6)").stderr;
     assert!(
@@ -109,7 +109,7 @@ fn a_re_run_keeps_the_administrator_s_grants_ties_and_lock_timeout() {
     ),
     );
     install(pg.0, &db.name);
-    assert_eq!(installed(pg.0, &db.name), version_3("7s"));
+    assert_eq!(installed(pg.0, &db.name), shipped_version("7s"));
     let fence = pg.0.psql_as(
         &db.job,
         &db.name,
@@ -163,12 +163,12 @@ fn a_bigint_token_column_is_refused_with_the_statement_that_fixes_it() {
 fn a_newer_installed_version_is_refused() {
     let pg = pg();
     let db = pg.report_db("newer");
-    pg.0.psql_ok(&db.name, "UPDATE leasewrap_data.installed SET version = 4");
+    pg.0.psql_ok(&db.name, "UPDATE leasewrap_data.installed SET version = 5");
     let out = install_output(pg.0, &db.name);
     assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("version 4 is installed, and this script is version 3"),
+            .contains("version 5 is installed, and this script is version 4"),
         "{}",
         out.stderr
     );

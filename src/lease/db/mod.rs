@@ -1,0 +1,523 @@
+//! The database backend (`--database URL`), behind [`crate::lease::backend`]:
+//!
+//! - [`postgres`]: one connection to PostgreSQL and the lease's statements on it;
+//! - [`status`]: `leasewrap status` on the lease's row.
+//!
+//! This file ties them into taking and holding a lease by the rule of `timing::db`
+//! (docs/database.md): a waiter watches the row's version and takes it over only once it has
+//! not moved for `L` since a read's answer arrived; the holder renews by the token, and counts
+//! `D` from each renewal's send. Every change is one statement through a function the installer
+//! made; nothing here reads a clock of the server's. Nothing here touches a process.
+
+pub mod postgres;
+pub mod status;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::backend::{self, Boxed};
+use super::keeper::{lose, trouble, KeeperState};
+use super::timing::db::{DbSchedule, Renewal, RowSeen, Watch, WatchNext};
+use super::timing::{KeySeen, Next, Params, Verdict};
+use super::{Held, LeaseEvent, LossReason};
+use crate::clock::BootInstant;
+use crate::config::database::DbConfig;
+use crate::error::Error;
+use crate::runs::{RunRecord, Written};
+
+/// The version of the installed SQL (`leasewrap fence-sql postgres`) this leasewrap needs.
+pub const SQL_VERSION: i32 = 4;
+
+/// How long giving the lease back may take before it is left for a waiter to take over.
+const RELEASE_WITHIN: Duration = Duration::from_secs(1);
+
+/// A future of a connection's, boxed and `Send`, so that the keeper can run as a task.
+pub type SendBoxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The lease's row, as a read found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowState {
+    pub version: u64,
+    pub token: u64,
+    pub held: bool,
+    /// The holder's `L`, as its take recorded it.
+    pub ttl: Duration,
+    /// Who holds it (JSON), as its take recorded it.
+    pub holder: String,
+}
+
+impl RowState {
+    fn seen(&self) -> RowSeen {
+        RowSeen {
+            version: self.version,
+            held: self.held,
+            ttl: self.ttl,
+        }
+    }
+}
+
+/// The lease's statements on one connection, each one call of an installed function.
+pub trait Statements: Send {
+    fn read<'a>(&'a mut self, name: &'a str) -> SendBoxed<'a, Result<RowState, Error>>;
+    /// The compare-and-set on `seen`: the new token, none when the version moved.
+    fn take<'a>(
+        &'a mut self,
+        name: &'a str,
+        seen: u64,
+        ttl: Duration,
+        holder: &'a str,
+    ) -> SendBoxed<'a, Result<Option<u64>, Error>>;
+    fn renew<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<Renewal, Error>>;
+    fn release<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<(), Error>>;
+    /// Ready when the server hinted that a lease was released; never, where it cannot.
+    fn woken(&mut self) -> SendBoxed<'_, ()>;
+}
+
+type Conn = Box<dyn Statements>;
+
+/// A connection to the database `cfg` names.
+async fn connect(cfg: &DbConfig) -> Result<Conn, Error> {
+    Ok(Box::new(postgres::connect(cfg).await?))
+}
+
+/// The database, prepared for a run: connected, the installed SQL checked.
+pub struct Db {
+    cfg: DbConfig,
+    params: Params,
+    conn: Option<Conn>,
+    /// Why the last read failed, while a waiter rides out a database that does not answer: a
+    /// wait that runs out then is 69, not 75.
+    unavailable: Option<String>,
+}
+
+impl Db {
+    /// Connect now, so that a bad URL, password or a missing SQL fails before any wait.
+    pub async fn connect(cfg: &DbConfig, params: Params) -> Result<Self, Error> {
+        let conn = connect(cfg).await?;
+        super::timing::db::timing(&params).map_err(|e| Error::Usage(e.to_string()))?;
+        Ok(Db {
+            cfg: cfg.clone(),
+            params,
+            conn: Some(conn),
+            unavailable: None,
+        })
+    }
+
+    /// How often a waiter reads the row when no wake-up comes: at most every 500 ms, and ten
+    /// times per `L`.
+    fn poll_every(&self) -> Duration {
+        (self.params.ttl / 10).min(Duration::from_millis(500))
+    }
+
+    /// Take the lease: a free row at once, a held one once the rule allows a takeover. Without
+    /// a wait (`-n`), a held row is busy as soon as a renewal shows its holder alive; a holder
+    /// that renews nothing for `L` is taken over, as by a waiter.
+    async fn acquire(&mut self, name: &str, record: &str, block: bool) -> Result<DbHeld, Error> {
+        let mut watch = Watch::new();
+        let (mut first, mut told) = (None, false);
+        loop {
+            if let Some(seen) = watch.may_take(BootInstant::now()) {
+                match self.take(name, seen, record).await {
+                    Ok(Some(held)) => return Ok(held),
+                    Ok(None) => {}
+                    // A take not answered in time may still commit: read the row again.
+                    Err(e) if block && matches!(e, Error::Unavailable(_)) => {
+                        tracing::debug!(error = %e, "taking the lease failed; reading it again");
+                    }
+                    Err(e) => return Err(e),
+                }
+                watch.forget();
+                continue;
+            }
+            if let WatchNext::TakeOverAt(at) = watch.next() {
+                if block && !std::mem::replace(&mut told, true) {
+                    tracing::info!(name = %name, "waiting for the lease");
+                }
+                self.wait(at).await;
+            }
+            let Some(row) = self.read(name, &mut watch, block).await? else {
+                continue;
+            };
+            if !block && row.held && *first.get_or_insert(row.version) != row.version {
+                return Err(Error::Busy { name: name.into() });
+            }
+        }
+    }
+
+    /// One read of the row into `watch`; a waiter rides out a failed one, or a connection that
+    /// cannot be opened again (none then).
+    async fn read(
+        &mut self,
+        name: &str,
+        watch: &mut Watch,
+        block: bool,
+    ) -> Result<Option<RowState>, Error> {
+        let sent = BootInstant::now();
+        let answer = match self.open().await {
+            Ok(mut conn) => {
+                let answer = bounded(&self.cfg, self.cfg.dial_timeout, conn.read(name)).await;
+                self.conn = answer.is_ok().then_some(conn);
+                answer
+            }
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(row) => {
+                self.unavailable = None;
+                watch.read(sent, BootInstant::now(), row.seen());
+                Ok(Some(row))
+            }
+            Err(Error::Unavailable(why)) if block => {
+                tracing::debug!(error = %why, "reading the lease's row failed; retrying");
+                self.unavailable = Some(why);
+                tokio::time::sleep(self.poll_every()).await;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sleep until `at`, the next poll, or a wake-up, whichever comes first.
+    async fn wait(&mut self, at: BootInstant) {
+        let nap = BootInstant::now().until(at).min(self.poll_every());
+        match self.conn.as_mut() {
+            Some(c) => {
+                tokio::select! {
+                    () = tokio::time::sleep(nap) => {}
+                    () = c.woken() => tracing::debug!("woken by a release"),
+                }
+            }
+            None => tokio::time::sleep(nap).await,
+        }
+    }
+
+    /// The compare-and-set on `seen`; on success the lease is ours from the take's send.
+    async fn take(&mut self, name: &str, seen: u64, record: &str) -> Result<Option<DbHeld>, Error> {
+        let (ttl, bound) = (self.params.ttl, self.params.ttl / 3);
+        let mut conn = self.open().await?;
+        let t_send = BootInstant::now();
+        let token = match bounded(&self.cfg, bound, conn.take(name, seen, ttl, record)).await? {
+            Some(token) => token,
+            None => {
+                self.conn = Some(conn);
+                return Ok(None);
+            }
+        };
+        let schedule =
+            DbSchedule::taken(&self.params, t_send).map_err(|e| Error::Usage(e.to_string()))?;
+        let keeper = Keeper::start(
+            self.cfg.clone(),
+            name.to_owned(),
+            token,
+            schedule,
+            Some(conn),
+        );
+        if BootInstant::now() >= keeper.now().stop_at {
+            // The take came back too late to run anything: give it back and watch again.
+            DbHeld::give_back(&self.cfg, keeper, name, token).await;
+            return Ok(None);
+        }
+        Ok(Some(DbHeld {
+            cfg: self.cfg.clone(),
+            name: name.to_owned(),
+            token,
+            keeper,
+        }))
+    }
+
+    /// The connection, opened again if a failure dropped it.
+    async fn open(&mut self) -> Result<Conn, Error> {
+        match self.conn.take() {
+            Some(c) => Ok(c),
+            None => connect(&self.cfg).await,
+        }
+    }
+}
+
+/// A statement's answer, or 69 if none came `within`.
+async fn bounded<T>(
+    cfg: &DbConfig,
+    within: Duration,
+    answer: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(within, answer).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Error::Unavailable(format!(
+            "{}: no answer within {} ms",
+            postgres::place(cfg),
+            within.as_millis()
+        ))),
+    }
+}
+
+impl backend::Lessor for Db {
+    fn acquire<'a>(
+        &'a mut self,
+        name: &'a str,
+        record: &'a [u8],
+        block: bool,
+    ) -> Boxed<'a, Result<Held, Error>> {
+        Box::pin(async move {
+            let record = String::from_utf8_lossy(record).into_owned();
+            let held = Db::acquire(self, name, &record, block).await?;
+            let state = held.keeper.now();
+            Ok(Held::new(
+                held.token,
+                held.name.clone(),
+                None,
+                Some(state.deadline),
+                state.stop_at.until(state.deadline),
+                Box::new(held),
+            ))
+        })
+    }
+
+    fn unavailable(&self) -> Option<Error> {
+        self.unavailable.clone().map(Error::Unavailable)
+    }
+}
+
+/// A lease that is ours: its name, token and keeper.
+struct DbHeld {
+    cfg: DbConfig,
+    name: String,
+    token: u64,
+    keeper: Keeper,
+}
+
+impl DbHeld {
+    /// Stop renewing and set the row free, so that the next waiter starts within milliseconds.
+    async fn give_back(cfg: &DbConfig, keeper: Keeper, name: &str, token: u64) {
+        let conn = keeper.stop().await;
+        let release = async move {
+            let mut conn = match conn {
+                Some(c) => c,
+                None => connect(cfg).await?,
+            };
+            conn.release(name, token).await
+        };
+        match tokio::time::timeout(RELEASE_WITHIN, release).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "releasing the lease failed: a waiter takes it over after its TTL")
+            }
+            Err(_) => tracing::warn!(
+                "releasing the lease took too long: a waiter takes it over after its TTL"
+            ),
+        }
+    }
+}
+
+impl backend::Lease for DbHeld {
+    fn next_event(&mut self) -> Boxed<'_, LeaseEvent> {
+        Box::pin(async move { self.keeper.changed().await.event() })
+    }
+
+    fn release(self: Box<Self>) -> Boxed<'static, ()> {
+        let DbHeld {
+            cfg,
+            name,
+            token,
+            keeper,
+        } = *self;
+        Box::pin(async move { DbHeld::give_back(&cfg, keeper, &name, token).await })
+    }
+
+    fn read_record<'a>(
+        &'a self,
+        _name: &'a str,
+        _key: &'a str,
+    ) -> Boxed<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async { Err(no_records(&self.cfg)) })
+    }
+
+    fn write_record<'a>(
+        &'a mut self,
+        _record: &'a RunRecord,
+        _keep: Duration,
+    ) -> Boxed<'a, Result<Written, Error>> {
+        Box::pin(async { Err(no_records(&self.cfg)) })
+    }
+}
+
+/// Run records (--once) are not kept in a database yet.
+pub fn no_records(cfg: &DbConfig) -> Error {
+    Error::Usage(format!(
+        "--once and --once-per need etcd, ZooKeeper or the local backend: {} keeps no run records yet",
+        postgres::place(cfg)
+    ))
+}
+
+/// The keeper task of a held lease: renews by the schedule and publishes `D`, trouble and the
+/// loss. Stopped, it hands back its connection for the release.
+struct Keeper {
+    state: watch::Receiver<KeeperState>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Option<Conn>>,
+}
+
+impl Keeper {
+    fn start(
+        cfg: DbConfig,
+        name: String,
+        token: u64,
+        schedule: DbSchedule,
+        conn: Option<Conn>,
+    ) -> Self {
+        let (tx, state) = watch::channel(KeeperState {
+            deadline: schedule.deadline(),
+            stop_at: schedule.stop_at(),
+            lost: None,
+            trouble: None,
+        });
+        let (stop, stopped) = oneshot::channel();
+        let renewer = Renewer {
+            cfg,
+            name,
+            token,
+            schedule,
+            conn,
+            tx,
+        };
+        let task = tokio::spawn(renewer.run(stopped));
+        Keeper {
+            state,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn now(&self) -> KeeperState {
+        self.state.borrow().clone()
+    }
+
+    /// The next change of the state (cancel-safe).
+    async fn changed(&mut self) -> KeeperState {
+        let _ = self.state.changed().await;
+        self.now()
+    }
+
+    /// Stop renewing; the connection back, if it is still open.
+    async fn stop(mut self) -> Option<Conn> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.await.ok().flatten()
+    }
+}
+
+/// The renewing side of [`Keeper`].
+struct Renewer {
+    cfg: DbConfig,
+    name: String,
+    token: u64,
+    schedule: DbSchedule,
+    conn: Option<Conn>,
+    tx: watch::Sender<KeeperState>,
+}
+
+impl Renewer {
+    async fn run(mut self, mut stopped: oneshot::Receiver<()>) -> Option<Conn> {
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                go_on = self.step() => if !go_on { break },
+            }
+        }
+        self.conn
+    }
+
+    /// One step of the schedule: false once the lease is lost.
+    async fn step(&mut self) -> bool {
+        let now = BootInstant::now();
+        match self.schedule.next(now) {
+            Next::Lost => {
+                lose(&self.tx, LossReason::NotRenewed);
+                false
+            }
+            Next::SleepUntil(t) => {
+                tokio::time::sleep(now.until(t)).await;
+                true
+            }
+            _ => self.renew().await,
+        }
+    }
+
+    /// One renewal, bounded by its due time; a failure drops the connection.
+    async fn renew(&mut self) -> bool {
+        let due = |s: &DbSchedule, t: BootInstant| match s.next(t) {
+            Next::AwaitReplyUntil(d) => d,
+            _ => t,
+        };
+        let (cfg, name, token) = (&self.cfg, self.name.as_str(), self.token);
+        let schedule = &mut self.schedule;
+        let mut conn = self.conn.take();
+        let within = BootInstant::now().until(schedule.stop_at());
+        let attempt = async {
+            let c = match conn.as_mut() {
+                Some(c) => c,
+                None => conn.insert(connect(cfg).await?),
+            };
+            let t_send = BootInstant::now();
+            schedule.sent(t_send);
+            let left = t_send.until(due(schedule, t_send));
+            match tokio::time::timeout(left, c.renew(name, token)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(Error::Unavailable(format!(
+                    "no answer within {} ms",
+                    left.as_millis()
+                ))),
+            }
+        };
+        let answer = tokio::time::timeout(within, attempt).await;
+        let answer = answer.unwrap_or_else(|_| Err(Error::Unavailable("no connection".into())));
+        self.judge(answer, conn)
+    }
+
+    /// What a renewal's answer does to the lease.
+    fn judge(&mut self, answer: Result<Renewal, Error>, conn: Option<Conn>) -> bool {
+        let now = BootInstant::now();
+        let renewal = match answer {
+            Ok(r) => r,
+            Err(e) => {
+                self.schedule.failed(now);
+                trouble(&self.tx, &format!("renewing the lease failed: {e}"));
+                return true;
+            }
+        };
+        self.conn = conn;
+        match self.schedule.answered(now, renewal) {
+            Verdict::Extended(d) => {
+                let stop_at = self.schedule.stop_at();
+                self.tx.send_modify(|s| {
+                    (s.deadline, s.stop_at, s.trouble) = (d, stop_at, None);
+                });
+                true
+            }
+            Verdict::KeyLost(seen) => {
+                lose(&self.tx, loss(&self.name, seen));
+                false
+            }
+            Verdict::Lost(why) => {
+                lose(&self.tx, why);
+                false
+            }
+            _ => {
+                trouble(&self.tx, "a renewal was answered too late");
+                true
+            }
+        }
+    }
+}
+
+/// Why the row is no longer ours.
+fn loss(name: &str, seen: KeySeen) -> LossReason {
+    match seen {
+        KeySeen::Replaced => LossReason::KeyReplaced(format!("the row of {name:?} (taken over)")),
+        _ => LossReason::KeyGone(format!("the row of {name:?} (set free)")),
+    }
+}

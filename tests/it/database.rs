@@ -1,0 +1,509 @@
+//! The database lease (`--database`, docs/database.md) against a real PostgreSQL 15: taking,
+//! running with the row's token and fencing with it in the same database, the handover a
+//! release's NOTIFY wakes, a crashed, partitioned or stopped holder taken over only after `L`,
+//! another role refused, and bad input: a wrong password, a server that is not PostgreSQL, no
+//! or older installed SQL, a URL that does not parse.
+//!
+//! Every test has a database of its own on the one shared server (`postgres::shared`, on its
+//! socket and on loopback), with the SQL installed and a login role tied to the test's name.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::etcd::{
+    fault_through_proxy, ms, now_ns, read_ns, stop_for_two_ttls_while_c_takes_over, Stopped,
+    TAKEOVER_BOUND, TTL, TTL_ARG,
+};
+use crate::postgres::{install, role};
+use crate::support::etcd::{self, Version};
+use crate::support::pgbouncer::PgBouncer;
+use crate::support::postgres::{self, Postgres};
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::*;
+
+/// A test's database, the login role tied to its lease name, and the name.
+struct Place {
+    pg: &'static Postgres,
+    db: String,
+    role: String,
+    name: String,
+}
+
+/// A fresh database with the SQL installed and a role tied to its lease name.
+fn place(label: &str) -> Place {
+    let pg = postgres::shared();
+    let db = pg.database(&format!("lease_{label}"));
+    install(pg, &db);
+    let role = role(pg, &db, "job");
+    let name = format!("{db}.job");
+    pg.psql_ok(&db, &format!("SELECT leasewrap.allow('{role}', '{name}')"));
+    Place { pg, db, role, name }
+}
+
+impl Place {
+    /// The URL of the database over the server's socket, as `role`.
+    fn url_as(&self, role: &str) -> String {
+        let dir = self
+            .pg
+            .socket_dir()
+            .display()
+            .to_string()
+            .replace('/', "%2F");
+        format!(
+            "postgresql://{role}@/{}?host={dir}&port={}",
+            self.db,
+            self.pg.port()
+        )
+    }
+
+    fn url(&self) -> String {
+        self.url_as(&self.role)
+    }
+
+    /// The same over TCP, through `addr`.
+    fn url_at(&self, addr: &str) -> String {
+        format!("postgresql://{}@{addr}/{}", self.role, self.db)
+    }
+
+    /// A leasewrap on the lease, with the tests' TTL and debug logs (shown when a test fails).
+    fn job(&self, url: &str) -> Leasewrap {
+        self.quiet(url).args(&["-vv"])
+    }
+
+    /// The same with the default logs: an error is its one line.
+    fn quiet(&self, url: &str) -> Leasewrap {
+        Leasewrap::new()
+            .args(&["--database", url, "--ttl", TTL_ARG])
+            .name(&self.name)
+    }
+
+    /// The lease's row: `version|token|held`.
+    fn row(&self) -> String {
+        let sql = format!(
+            "SELECT version || '|' || token || '|' || held FROM leasewrap_data.lease WHERE name = '{}'",
+            self.name
+        );
+        self.pg.psql_ok(&self.db, &sql)
+    }
+}
+
+#[test]
+fn a_run_takes_the_row_with_a_token_the_fence_of_the_same_database_accepts() {
+    let p = place("take");
+    let sb = Sandbox::new();
+    let fence = format!(
+        "{} -X -q -A -t -v ON_ERROR_STOP=1 -h {} -p {} -U {} -d {} -c \"SELECT leasewrap.fence('$LEASEWRAP_NAME', $LEASEWRAP_FENCING_TOKEN)\" > {}",
+        postgres::PSQL,
+        q(p.pg.socket_dir()),
+        p.pg.port(),
+        p.role,
+        p.db,
+        q(&sb.path("fenced"))
+    );
+    for (run, token) in [(1, "1"), (2, "2")] {
+        let out = p.job(&p.url()).shell(&fence).output();
+        assert_exit(&out, 0);
+        let fenced = std::fs::read_to_string(sb.path("fenced")).unwrap();
+        assert_eq!(fenced.trim(), token, "run {run}: {}", out.stderr);
+    }
+    // Taken twice, renewed or not, released twice: free, with the last token.
+    assert!(p.row().ends_with("|2|false"), "{}", p.row());
+}
+
+#[test]
+fn a_release_wakes_the_waiter_at_once_through_notify() {
+    let p = place("handover");
+    let sb = Sandbox::new();
+    let mut a = Job::hold(p.job(&p.url()), &sb, "a");
+    let mut b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    a.release();
+    let a_end = read_ns(&a.marks.end);
+    let b_start = read_ns(&b.marks.start);
+    a.finish_with(0);
+    eprintln!(
+        "handover PostgreSQL: {:.1} ms from the holder's child's last act to the next child's first",
+        ms(b_start - a_end)
+    );
+    assert!(
+        b_start > a_end,
+        "the next child started before the holder's ended"
+    );
+    assert!(
+        b.run.stderr().contains("woken by a release"),
+        "the waiter was not woken by the release's NOTIFY:\n{}",
+        b.run.stderr()
+    );
+    assert_eq!(b.token(), a.token() + 1);
+    b.release();
+    b.finish_with(0);
+}
+
+#[test]
+fn a_waiter_takes_over_a_sigkilled_holder_only_l_after_its_last_renewal() {
+    let p = place("sigkill");
+    let sb = Sandbox::new();
+    let mut a = Job::hold(p.job(&p.url()), &sb, "a");
+    let a_token = a.token();
+    let b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    let killed_ns = now_ns();
+    let a_child = a.child();
+    a.run.kill(Signal::SIGKILL);
+    assert_all_die_within(Duration::from_secs(1), &[("A's child", a_child)]);
+    a.wait(STARTUP);
+    let waited = ms(read_ns(&b.marks.start) - killed_ns);
+    eprintln!("PostgreSQL SIGKILL: B's child started {waited:.0} ms after the kill (L {TTL:?})");
+    // A renewed at most L/3 before the kill; B counts L from a read after that renewal.
+    let at_least = ms(TTL.as_nanos() as i128) * 2.0 / 3.0;
+    assert!(
+        waited >= at_least,
+        "B started {waited:.0} ms after the kill"
+    );
+    assert!(waited < ms(TAKEOVER_BOUND.as_nanos() as i128));
+    assert_eq!(b.token(), a_token + 1);
+    b.release();
+    let mut b = b;
+    b.finish_with(0);
+}
+
+#[test]
+fn a_holder_cut_off_from_the_database_is_dead_before_the_waiter_takes_over() {
+    let p = place("partition");
+    let sb = Sandbox::new();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", p.pg.port()).parse().unwrap());
+    let through = p.url_at(&proxy.addr().to_string());
+    let mut a = Job::spawn(p.job(&through), Marks::new(&sb, "a"), true);
+    a.child();
+    let mut c = Job::spawn(p.job(&p.url()), Marks::new(&sb, "c"), false);
+    let takeover = fault_through_proxy(&proxy, Mode::Blackhole, &mut a, &c);
+    eprintln!("PostgreSQL holder blackholed: {}", takeover.describe());
+    assert!(c.token() > a.token());
+    c.release();
+    c.finish_with(0);
+}
+
+#[test]
+fn a_stopped_leasewrap_loses_its_child_by_d_and_the_waiter_takes_over_after_l() {
+    let p = place("sigstop");
+    let sb = Sandbox::new();
+    let mut a = Job::spawn(
+        p.job(&p.url()).own_process_group(),
+        Marks::new(&sb, "a"),
+        true,
+    );
+    a.child();
+    let mut c = Job::spawn(p.job(&p.url()), Marks::new(&sb, "c"), false);
+    let takeover = stop_for_two_ttls_while_c_takes_over(Stopped::Leasewrap, &a, &c);
+    a.wait(Duration::from_secs(5));
+    assert_exit(&a.run, 124);
+    eprintln!("PostgreSQL leasewrap SIGSTOPped: {}", takeover.describe());
+    assert!(
+        pid_alive(c.child()),
+        "the next holder's child was disturbed"
+    );
+    c.release();
+    c.finish_with(0);
+}
+
+#[test]
+fn no_wait_on_a_held_lease_exits_75_once_the_holder_is_seen_renewing_and_status_shows_it() {
+    let p = place("busy");
+    let sb = Sandbox::new();
+    let a = Job::hold(p.job(&p.url()), &sb, "a");
+    let started = Instant::now();
+    let ran = sb.path("ran");
+    let out = p
+        .job(&p.url())
+        .args(&["-n"])
+        .shell(&format!("touch {}", q(&ran)))
+        .output();
+    assert_exit(&out, 75);
+    assert!(started.elapsed() < TTL, "-n took {:?}", started.elapsed());
+    assert!(!ran.exists());
+    let status = Leasewrap::subcommand("status")
+        .args(&["--database", &p.url(), "--json", &p.name])
+        .output();
+    assert_exit(&status, 0);
+    let token = format!("\"token\":{}", a.token());
+    assert!(
+        status.stdout.contains("\"held\":true") && status.stdout.contains(&token),
+        "{}",
+        status.stdout
+    );
+    a.release();
+    let mut a = a;
+    a.finish_with(0);
+}
+
+#[test]
+fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() {
+    let p = place("wait");
+    let sb = Sandbox::new();
+    let mut a = Job::hold(p.job(&p.url()), &sb, "a");
+    let ran = sb.path("ran");
+    let started = Instant::now();
+    let out = p
+        .job(&p.url())
+        .args(&["-w", "1s"])
+        .shell(&format!("touch {}", q(&ran)))
+        .output();
+    let waited = started.elapsed();
+    assert_exit(&out, 75);
+    assert!(
+        waited >= Duration::from_secs(1) && waited < TTL,
+        "waited {waited:?}"
+    );
+    assert!(!ran.exists());
+    assert!(
+        p.row().ends_with(&format!("|{}|true", a.token())),
+        "{}",
+        p.row()
+    );
+    a.release();
+    a.finish_with(0);
+}
+
+/// PgBouncer in transaction pooling mode keeps no session for a client: a waiter cannot count
+/// on a NOTIFY there and reads the row every min(L/10, 500 ms) (200 ms here); take, renew,
+/// release and the fence all go through it, each statement a transaction of its own.
+#[test]
+fn through_pgbouncer_in_transaction_mode_the_waiter_polls_and_the_fence_takes_the_token() {
+    let p = place("bouncer");
+    let sb = Sandbox::new();
+    let bouncer = PgBouncer::transaction_mode(p.pg, &[&p.role]);
+    let url = p.url_at(&format!("127.0.0.1:{}", bouncer.port()));
+    let mut a = Job::hold(p.job(&url), &sb, "a");
+    let mut b = Job::spawn(p.job(&url), Marks::new(&sb, "b"), false);
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    a.release();
+    let gap = ms(read_ns(&b.marks.start) - read_ns(&a.marks.end));
+    a.finish_with(0);
+    eprintln!("handover through PgBouncer (transaction mode): {gap:.1} ms");
+    assert!(
+        gap > 0.0 && gap < ms(TTL.as_nanos() as i128),
+        "handover {gap:.1} ms"
+    );
+    assert_eq!(b.token(), a.token() + 1);
+    let mut fence = p.pg.psql_command(&p.db);
+    fence
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", bouncer.port().to_string());
+    fence.env("PGUSER", &p.role).arg("-c").arg(format!(
+        "SELECT leasewrap.fence('{}', {})",
+        p.name,
+        b.token()
+    ));
+    let fenced = run_bounded(fence, STARTUP);
+    assert_eq!(
+        fenced.stdout.trim(),
+        b.token().to_string(),
+        "{}",
+        fenced.stderr
+    );
+    b.release();
+    b.finish_with(0);
+}
+
+/// A holder connected directly, and a fault proxy to the same server for a waiter.
+fn held_and_a_proxy(label: &str) -> (Place, Sandbox, Proxy, String, Job) {
+    let p = place(label);
+    let sb = Sandbox::new();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", p.pg.port()).parse().unwrap());
+    let through = p.url_at(&proxy.addr().to_string());
+    let a = Job::hold(p.job(&p.url()), &sb, "a");
+    (p, sb, proxy, through, a)
+}
+
+/// A waiter cut off from the database rides it out, and takes the lease once it answers again.
+#[test]
+fn a_waiter_rides_out_a_database_that_does_not_answer_and_takes_the_lease_after() {
+    let (p, sb, proxy, through, mut a) = held_and_a_proxy("ride_out");
+    let lw = p.job(&through).args(&["--dial-timeout", "1s"]);
+    let mut b = Job::spawn(lw, Marks::new(&sb, "b"), false);
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.run.stderr().contains("waiting for the lease")
+    });
+    proxy.set_mode(Mode::Blackhole);
+    wait_until(STARTUP, "a read to fail", || {
+        b.run.stderr().contains("reading the lease's row failed")
+    });
+    a.release();
+    a.finish_with(0);
+    proxy.heal();
+    assert_eq!(b.token(), a.token() + 1, "{}", b.run.stderr());
+    b.release();
+    b.finish_with(0);
+}
+
+/// A bounded wait that runs out while the database does not answer is 69, not 75.
+#[test]
+fn a_bounded_wait_that_runs_out_while_the_database_does_not_answer_is_69() {
+    let (p, sb, proxy, through, mut a) = held_and_a_proxy("wait_69");
+    let ran = sb.path("ran");
+    let lw = p.job(&through).args(&["--dial-timeout", "1s", "-w", "3s"]);
+    let mut b = lw.shell(&format!("touch {}", q(&ran))).spawn();
+    wait_until(STARTUP, "the waiter to wait", || {
+        b.stderr().contains("waiting for the lease")
+    });
+    proxy.set_mode(Mode::Blackhole);
+    b.wait_timeout(STARTUP);
+    assert_exit(&b, 69);
+    assert!(b.stderr().contains("gave up waiting"), "{}", b.stderr());
+    assert!(!ran.exists());
+    proxy.heal();
+    a.release();
+    a.finish_with(0);
+}
+
+#[test]
+fn another_role_may_not_take_a_name_it_is_not_tied_to() {
+    let p = place("other_role");
+    let other = role(p.pg, &p.db, "other");
+    let out = p.quiet(&p.url_as(&other)).shell("exit 3").output();
+    assert_exit(&out, 77);
+    assert!(
+        out.stderr.contains("is tied to no lease name"),
+        "{}",
+        out.stderr
+    );
+    // Tied to a name of its own, it may still not take the test's.
+    let own = format!("{}.other", p.db);
+    p.pg.psql_ok(
+        &p.db,
+        &format!("SELECT leasewrap.allow('{other}', '{own}')"),
+    );
+    let out = p.quiet(&p.url_as(&other)).shell("exit 3").output();
+    assert_exit(&out, 77);
+    let refused = format!("role {other} may not use the lease \"{}\"", p.name);
+    assert!(out.stderr.contains(&refused), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    assert_eq!(p.row(), "", "the other role's run left a row");
+}
+
+#[test]
+fn a_wrong_password_is_refused_with_77_and_nothing_taken() {
+    let p = place("password");
+    let sb = Sandbox::new();
+    require_a_password(p.pg, &p.db, &p.role);
+    let url = p.url_at(&format!("127.0.0.1:{}", p.pg.port()));
+    let wrong = sb.password_file("wrong", "not-it");
+    let out = p
+        .quiet(&url)
+        .args(&["--password-file"])
+        .args(&[&wrong])
+        .shell("exit 3")
+        .output();
+    assert_exit(&out, 77);
+    assert!(
+        out.stderr.contains("password authentication failed"),
+        "{}",
+        out.stderr
+    );
+    let right = sb.password_file("right", "sesame");
+    let out = p
+        .quiet(&url)
+        .args(&["--password-file"])
+        .args(&[&right])
+        .shell("exit 3")
+        .output();
+    assert_exit(&out, 3);
+}
+
+/// `role` logs in over TCP with the password `sesame` only (the shared server trusts the rest).
+fn require_a_password(pg: &Postgres, db: &str, role: &str) {
+    pg.psql_ok(db, &format!("ALTER ROLE {role} PASSWORD 'sesame'"));
+    let hba = pg.psql_ok(db, "SHOW hba_file");
+    let old = std::fs::read_to_string(&hba).unwrap();
+    let line = format!("host all {role} 127.0.0.1/32 scram-sha-256\n");
+    std::fs::write(&hba, format!("{line}{old}")).unwrap();
+    pg.psql_ok(db, "SELECT pg_reload_conf()");
+    wait_until(STARTUP, "the server to ask for the password", || {
+        let mut cmd = pg.psql_command(db);
+        cmd.env("PGHOST", "127.0.0.1")
+            .env("PGUSER", role)
+            .env("PGPASSWORD", "x");
+        cmd.args(["-c", "SELECT 1"]);
+        !run_bounded(cmd, Duration::from_secs(10)).status.success()
+    });
+}
+
+#[test]
+fn a_server_that_is_not_postgresql_is_69_in_one_line() {
+    let etcd = etcd::shared(Version::V3_5);
+    let addr = etcd.endpoint().trim_start_matches("http://").to_owned();
+    let out = Leasewrap::new()
+        .args(&[
+            "--database",
+            &format!("postgresql://job@{addr}/app"),
+            "--name",
+            "x",
+        ])
+        .shell("exit 3")
+        .output();
+    assert_exit(&out, 69);
+    assert!(out.stderr.contains("is it PostgreSQL"), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+}
+
+#[test]
+fn a_database_without_the_sql_or_with_an_older_one_is_78_naming_fence_sql() {
+    let pg = postgres::shared();
+    let db = pg.database("lease_nosql");
+    let url = format!(
+        "postgresql://{}@/{db}?host={}&port={}",
+        user::OTHER,
+        pg.socket_dir().display().to_string().replace('/', "%2F"),
+        pg.port()
+    );
+    let run = || {
+        Leasewrap::new()
+            .args(&["--database", &url, "--name", "x"])
+            .shell("exit 3")
+            .output()
+    };
+    let out = run();
+    assert_exit(&out, 78);
+    assert!(
+        out.stderr.contains("leasewrap fence-sql postgres"),
+        "{}",
+        out.stderr
+    );
+    install(pg, &db);
+    pg.psql_ok(&db, "CREATE OR REPLACE FUNCTION leasewrap.lease_sql() RETURNS integer LANGUAGE sql AS 'SELECT 3'");
+    let out = run();
+    assert_exit(&out, 78);
+    assert!(
+        out.stderr.contains("version 3, older than the 4"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_url_that_does_not_parse_is_64_in_one_line_and_contacts_nothing() {
+    for url in [
+        "postgresql://job:secret@db/app",
+        "postgresql://db:99999/app",
+        "pg://db",
+    ] {
+        let out = Leasewrap::new()
+            .args(&["--database", url, "--name", "x"])
+            .shell("exit 3")
+            .output();
+        assert_exit(&out, 64);
+        assert_eq!(
+            out.stderr.trim().lines().count(),
+            1,
+            "{url}: {}",
+            out.stderr
+        );
+    }
+}
