@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
     long_version = env!("LONG_VERSION"),
     about = "Run a command as the only holder of a named lease, and stop it before the lease can lapse",
     long_about = "Run COMMAND as the only holder of the lease NAME: on etcd when endpoints are given, \
-on ZooKeeper when a connect string is, otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
+on ZooKeeper when a connect string is, in a PostgreSQL database when --database is, otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
 when each renewal was sent; the child gets a fencing token in LEASEWRAP_FENCING_TOKEN, and its whole \
 process tree is stopped before the lease can lapse. Everything after -- belongs to COMMAND, which is \
 run directly, never through a shell unless -c is given.",

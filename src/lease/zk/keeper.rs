@@ -204,7 +204,7 @@ impl Renewer {
                 self.schedule.failed(at);
                 trouble(
                     &self.tx,
-                    "a renewal's step was not answered in time: trying the next member",
+                    "a renewal's step was not answered in time: trying the next member (with one, the same again)",
                 );
                 Verdict::Failed
             }

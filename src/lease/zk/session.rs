@@ -269,7 +269,8 @@ impl Zk {
 
     /// Drop connection `epoch`, if the session is still on it, and move to the next member: a
     /// request on it has waited too long (a follower cut off from its leader answers reads and
-    /// pings, never a sync or a write).
+    /// pings, never a sync or a write). With one member there is no next one: the connection is
+    /// kept.
     pub fn drop_connection(&self, epoch: u32) {
         self.drop.send_replace(epoch);
     }
@@ -751,7 +752,11 @@ impl<'t> Served<'t> {
                 _ = tokio::time::sleep_until(last_recv + silent_for) => {
                     break End::Lost(format!("nothing heard from the member for {silent_for:?}"));
                 }
-                Ok(()) = dropped.changed() => if *dropped.borrow_and_update() == epoch {
+                // With one member there is none to move to: the step waits on, and a reconnect
+                // to a follower behind what the session has seen would only be refused.
+                Ok(()) = dropped.changed() => if *dropped.borrow_and_update() == epoch
+                    && self.task.opts.members.len() > 1
+                {
                     break End::Lost("a request on it waited too long: trying the next member".into());
                 },
                 written = &mut pumps.writer => break End::Lost(write_failed(written)),
