@@ -31,6 +31,13 @@ impl KeeperState {
     }
 }
 
+/// A renewal moved `D` to `deadline` (and the stop time to `stop_at`): any trouble is over.
+pub fn extend(tx: &watch::Sender<KeeperState>, deadline: BootInstant, stop_at: BootInstant) {
+    tx.send_modify(|s| {
+        (s.deadline, s.stop_at, s.trouble) = (deadline, stop_at, None);
+    });
+}
+
 /// Record the loss; the first reason stays.
 pub fn lose(tx: &watch::Sender<KeeperState>, why: LossReason) {
     tx.send_modify(|s| {

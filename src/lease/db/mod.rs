@@ -20,7 +20,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::backend::{self, Boxed};
-use super::keeper::{lose, trouble, KeeperState};
+use super::keeper::{extend, lose, trouble, KeeperState};
 use super::timing::db::{DbSchedule, Renewal, RowSeen, Watch, WatchNext};
 use super::timing::{KeySeen, Next, Params, Verdict};
 use super::{Held, LeaseEvent, LossReason};
@@ -97,8 +97,8 @@ pub struct Db {
 impl Db {
     /// Connect now, so that a bad URL, password or a missing SQL fails before any wait.
     pub async fn connect(cfg: &DbConfig, params: Params) -> Result<Self, Error> {
-        let conn = connect(cfg).await?;
         super::timing::db::timing(&params).map_err(|e| Error::Usage(e.to_string()))?;
+        let conn = connect(cfg).await?;
         Ok(Db {
             cfg: cfg.clone(),
             params,
@@ -465,13 +465,7 @@ impl Renewer {
             let t_send = BootInstant::now();
             schedule.sent(t_send);
             let left = t_send.until(due(schedule, t_send));
-            match tokio::time::timeout(left, c.renew(name, token)).await {
-                Ok(answer) => answer,
-                Err(_) => Err(Error::Unavailable(format!(
-                    "no answer within {} ms",
-                    left.as_millis()
-                ))),
-            }
+            bounded(cfg, left, c.renew(name, token)).await
         };
         let answer = tokio::time::timeout(within, attempt).await;
         let answer = answer.unwrap_or_else(|_| Err(Error::Unavailable("no connection".into())));
@@ -492,10 +486,7 @@ impl Renewer {
         self.conn = conn;
         match self.schedule.answered(now, renewal) {
             Verdict::Extended(d) => {
-                let stop_at = self.schedule.stop_at();
-                self.tx.send_modify(|s| {
-                    (s.deadline, s.stop_at, s.trouble) = (d, stop_at, None);
-                });
+                extend(&self.tx, d, self.schedule.stop_at());
                 true
             }
             Verdict::KeyLost(seen) => {

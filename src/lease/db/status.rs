@@ -27,13 +27,11 @@ impl<'a> Reader<'a> {
 
     async fn lease(&self, name: &str) -> Result<LeaseStatus, Error> {
         let mut conn = self.conn.lock().await;
-        if conn.is_none() {
-            *conn = Some(connect(self.cfg).await?);
-        }
-        let row = match conn.as_mut() {
-            Some(c) => c.read(name).await?,
-            None => unreachable!("connected just above"),
+        let conn = match &mut *conn {
+            Some(c) => c,
+            slot => slot.insert(connect(self.cfg).await?),
         };
+        let row = conn.read(name).await?;
         let holder = serde_json::from_str::<Holder>(&row.holder).ok();
         Ok(LeaseStatus {
             name: name.to_owned(),

@@ -19,7 +19,7 @@ use super::client::{Conn, Members};
 use crate::clock::BootInstant;
 use crate::config::EtcdConfig;
 use crate::error::Error;
-use crate::lease::keeper::trouble;
+use crate::lease::keeper::{extend, trouble};
 pub use crate::lease::keeper::{lose, KeeperState};
 use crate::lease::timing::{GrantError, Kept, KeySeen, Next, Params, Read, Schedule, Verdict};
 use crate::lease::LossReason;
@@ -562,12 +562,7 @@ impl<L: Link, C: Clock> Keeper<L, C> {
     }
 
     fn publish(&self, deadline: BootInstant) {
-        let stop_at = self.schedule.stop_at();
-        self.tx.send_modify(|s| {
-            s.deadline = deadline;
-            s.stop_at = stop_at;
-            s.trouble = None;
-        });
+        extend(&self.tx, deadline, self.schedule.stop_at());
     }
 
     fn lost(&self, why: LossReason) -> LossReason {

@@ -196,15 +196,14 @@ pub fn acls(has_identity: bool) -> Vec<Acl> {
 /// parent must never be recreated. A create whose answer a moving connection lost is sent again
 /// once the session is on its next member. Parents that were there with an open ACL are reported.
 pub async fn ensure_path(cfg: &ZkConfig, zk: &Zk, path: &str) -> Result<(), Error> {
+    let acl = acls(cfg.has_identity());
+    let make = |node: &str| zk.create(node, b"", &acl, Mode::Persistent);
     let mut at = String::new();
     let mut creates = Vec::new();
     for part in path.split('/').filter(|p| !p.is_empty()) {
         at.push('/');
         at.push_str(part);
-        creates.push((
-            at.clone(),
-            zk.create(&at, b"", &acls(cfg.has_identity()), Mode::Persistent),
-        ));
+        creates.push((at.clone(), make(&at)));
     }
     for (node, create) in creates {
         let mut answer = answered(cfg, &node, create).await?;
@@ -212,8 +211,7 @@ pub async fn ensure_path(cfg: &ZkConfig, zk: &Zk, path: &str) -> Result<(), Erro
             // Asked again on the session's next connection: a create whose answer was lost and
             // that made the node is then answered NodeExists.
             zk.reconnected(cfg.conn.dial_timeout).await;
-            let again = zk.create(&node, b"", &acls(cfg.has_identity()), Mode::Persistent);
-            answer = answered(cfg, &node, again).await?;
+            answer = answered(cfg, &node, make(&node)).await?;
         }
         match answer {
             Ok(_) => {}

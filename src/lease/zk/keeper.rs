@@ -20,7 +20,7 @@ use super::lock::Own;
 use super::session::{State, Watched, Zk, ZkError};
 use super::wire::{Code, MultiOp};
 use crate::clock::BootInstant;
-use crate::lease::keeper::{lose, trouble, KeeperState};
+use crate::lease::keeper::{extend, lose, trouble, KeeperState};
 use crate::lease::timing::zk::{Answer, Step, ZkNext, ZkSchedule};
 use crate::lease::timing::{KeySeen, Verdict};
 use crate::lease::LossReason;
@@ -374,11 +374,7 @@ fn publish(
 ) -> bool {
     match verdict {
         Verdict::Extended(d) => {
-            tx.send_modify(|s| {
-                s.deadline = d;
-                s.stop_at = schedule.stop_at();
-                s.trouble = None;
-            });
+            extend(tx, d, schedule.stop_at());
             false
         }
         Verdict::Lost(why) => {
