@@ -1,4 +1,4 @@
--- leasewrap's database fence for MariaDB, version 2 (MariaDB 10.4 or later; tested with 10.11),
+-- leasewrap's database fence and lease for MariaDB, version 3 (MariaDB 10.4 or later; tested with 10.11),
 -- printed by `leasewrap fence-sql mariadb` and installed as
 -- /usr/share/leasewrap/sql/mariadb-fence.sql. It uses MariaDB's own statements (BEGIN NOT
 -- ATOMIC, CREATE OR REPLACE PROCEDURE, @@in_transaction): it does not run on MySQL.
@@ -30,6 +30,15 @@
 -- 1792) instead of landing unfenced. A session that runs another fenced transaction starts it
 -- with START TRANSACTION READ WRITE. The fence runs only with autocommit on, where SET
 -- autocommit = 1 commits nothing.
+--
+-- The lease (`leasewrap --database mariadb://... --name NAME -- COMMAND`, docs/database.md) lives
+-- here too, on the same ties: the procedures lease_take, lease_renew, lease_release and
+-- lease_read (SQL SECURITY DEFINER; EXECUTE for the users tied to a name) change or read the row
+-- of NAME in leasewrap.lease, each change in one statement, and a user may use only the names it
+-- is tied to; lease_wait waits for a release (a holder keeps the named lock
+-- leasewrap:MD5(NAME), GET_LOCK's, while it holds the lease: a hint, never the lease itself);
+-- lease_sql tells leasewrap which version is installed. No procedure reads a clock: leasewrap
+-- times the lease on its hosts' monotonic clocks.
 --
 -- What it makes: the account 'leasewrap_fence'@'localhost' (locked: nobody logs in as it; it
 -- is the fence's definer, with rights on the fence's own tables and nothing else), the database
@@ -71,22 +80,23 @@ BEGIN NOT ATOMIC
                    WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME = 'installed') THEN
             SELECT MAX(version) INTO installed FROM leasewrap.installed;
         END IF;
-        IF installed > 2 THEN
+        IF installed > 3 THEN
             SET @leasewrap_refused = CONCAT('leasewrap fence: version ', installed,
-                ' is installed, and this script is version 2: use the fence-sql of the leasewrap that made it, or a newer one');
+                ' is installed, and this script is version 3: use the fence-sql of the leasewrap that made it, or a newer one');
             LEAVE checks;
         END IF;
         -- What this script does not make, in the database leasewrap (a trigger on its tables runs
         -- inside every fence), and what would run as the fence's definer elsewhere.
         SELECT GROUP_CONCAT(what ORDER BY what SEPARATOR '; ') INTO refused FROM (
             SELECT CONCAT('table leasewrap.', TABLE_NAME) AS what FROM information_schema.TABLES
-                WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME NOT IN ('fence', 'allowed', 'installed')
+                WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME NOT IN ('fence', 'allowed', 'installed', 'lease')
             UNION ALL
             SELECT CONCAT(LOWER(ROUTINE_TYPE), ' ', ROUTINE_SCHEMA, '.', ROUTINE_NAME)
                 FROM information_schema.ROUTINES
                 WHERE (ROUTINE_SCHEMA = 'leasewrap'
                        AND ROUTINE_NAME NOT IN ('fence', 'fences', 'allow', 'disallow', 'grant_fence', 'may_use',
-                                            'covers', 'check_call'))
+                                            'covers', 'check_call', 'lease_caller', 'lease_sql', 'lease_read',
+                                            'lease_take', 'lease_renew', 'lease_release', 'lease_wait', 'lease_hint'))
                    OR (ROUTINE_SCHEMA <> 'leasewrap' AND DEFINER = 'leasewrap_fence@localhost')
             UNION ALL
             SELECT CONCAT('trigger ', TRIGGER_SCHEMA, '.', TRIGGER_NAME) FROM information_schema.TRIGGERS
@@ -211,9 +221,23 @@ CREATE TABLE IF NOT EXISTS leasewrap.installed (
     installed_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
 ) ENGINE = InnoDB;
 
+-- One row per lease NAME (docs/database.md): version moves with every change, token with every
+-- take (never reused: a row is never deleted), ttl_ms is the holder's L, holder who it is
+-- (JSON). Every change is a compare-and-set on version or token, in one statement.
+CREATE TABLE IF NOT EXISTS leasewrap.lease (
+    name VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    version BIGINT UNSIGNED NOT NULL,
+    token BIGINT UNSIGNED NOT NULL,
+    held BOOLEAN NOT NULL,
+    ttl_ms BIGINT UNSIGNED NOT NULL,
+    holder TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    CONSTRAINT lease_name_check CHECK (name REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z')
+) ENGINE = InnoDB;
+
 -- The definer's rights: its own tables, nothing else.
 GRANT SELECT, INSERT, UPDATE ON leasewrap.fence TO 'leasewrap_fence'@'localhost';
 GRANT SELECT ON leasewrap.allowed TO 'leasewrap_fence'@'localhost';
+GRANT SELECT, INSERT, UPDATE ON leasewrap.lease TO 'leasewrap_fence'@'localhost';
 
 DELIMITER //
 
@@ -361,6 +385,186 @@ SELECT f.name, f.token, f.fenced_at FROM leasewrap.fence AS f ORDER BY f.name //
 
 GRANT EXECUTE ON PROCEDURE leasewrap.fences TO 'leasewrap_fence'@'localhost' //
 
+-- The lease's procedures. Each checks NAME and the calling user's tie (lease_caller) first.
+-- USER() is the account that logged in (CURRENT_USER() here is the definer).
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_caller(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+READS SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
+        DEFAULT LEFT(USER(), CHAR_LENGTH(USER()) - LOCATE('@', REVERSE(USER())));
+    DECLARE message TEXT CHARACTER SET utf8mb4;
+    IF p_name IS NULL OR p_name NOT REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z' THEN
+        SET message = CONCAT('leasewrap lease: the lease name ',
+            IFNULL(JSON_QUOTE(LEFT(p_name, 64)), 'NULL'),
+            ' is not 1 to 128 ASCII letters, digits and ._-@:+=');
+        SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102, MESSAGE_TEXT = message;
+    END IF;
+    IF NOT leasewrap.may_use(caller, p_name) THEN
+        SET message = CONCAT('leasewrap lease: user ', JSON_QUOTE(caller), ' may not use the lease "',
+            p_name, '": an administrator ties names to users with CALL leasewrap.allow(user, names)');
+        SIGNAL SQLSTATE '42000' SET MYSQL_ERRNO = 9104, MESSAGE_TEXT = message;
+    END IF;
+END //
+
+-- The version of this SQL, which leasewrap checks before it takes a lease.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_sql()
+NO SQL
+SQL SECURITY DEFINER
+SELECT 3 AS version //
+
+-- The row of NAME; a name never taken reads as version 0, free.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_read(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+READS SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    CALL leasewrap.lease_caller(p_name);
+    SELECT l.version, l.token, l.held, l.ttl_ms, l.holder FROM leasewrap.lease AS l
+        WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin
+    UNION ALL
+    SELECT 0, 0, FALSE, 0, ''
+        WHERE NOT EXISTS (SELECT 1 FROM leasewrap.lease AS l
+                          WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin)
+    LIMIT 1;
+END //
+
+-- Take NAME: a compare-and-set on the version p_seen a read found (0: a row never taken). The
+-- token moves up by one; the answer is the new token, or no row when the version moved. The
+-- holder keeps the named lock of NAME from here on, for lease_wait's waiters.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_take(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_seen BIGINT UNSIGNED, IN p_ttl_ms BIGINT UNSIGNED,
+                               IN p_holder LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+MODIFIES SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE taken BIGINT UNSIGNED;
+    CALL leasewrap.lease_caller(p_name);
+    IF p_seen IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1000 OR p_ttl_ms > 315360000000
+       OR p_holder IS NULL OR CHAR_LENGTH(p_holder) > 4096 THEN
+        SIGNAL SQLSTATE 'LWF02' SET MYSQL_ERRNO = 9102,
+            MESSAGE_TEXT = 'leasewrap lease: a take needs a version, a ttl_ms of 1000 to 315360000000 and a holder of at most 4096 characters';
+    END IF;
+    IF p_seen = 0 THEN
+        -- A row that exists already is left as it is: it counts 0 rows.
+        INSERT INTO leasewrap.lease (name, version, token, held, ttl_ms, holder)
+            VALUES (p_name, 1, 1, TRUE, p_ttl_ms, p_holder)
+            ON DUPLICATE KEY UPDATE name = name;
+        IF ROW_COUNT() = 1 THEN
+            SET taken = 1;
+        END IF;
+    ELSE
+        -- The new token is set aside by the very statement that makes it.
+        UPDATE leasewrap.lease AS l
+            SET l.version = l.version + 1, l.token = (@leasewrap_token := l.token + 1), l.held = TRUE,
+                l.ttl_ms = p_ttl_ms, l.holder = p_holder
+            WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin AND l.version = p_seen
+              AND l.token < 18446744073709551615;
+        IF ROW_COUNT() = 1 THEN
+            SET taken = @leasewrap_token;
+        END IF;
+        SET @leasewrap_token = NULL;
+    END IF;
+    IF taken IS NOT NULL THEN
+        CALL leasewrap.lease_hint(p_name);
+        SELECT taken AS token;
+    END IF;
+END //
+
+-- Renew NAME: a compare-and-set on the holder's token; the version moves. renewed is false when
+-- the row is another holder's (token) or free (held).
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_renew(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                                IN p_token BIGINT UNSIGNED)
+MODIFIES SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    CALL leasewrap.lease_caller(p_name);
+    UPDATE leasewrap.lease AS l SET l.version = l.version + 1
+        WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin AND l.token = p_token AND l.held;
+    IF ROW_COUNT() = 1 THEN
+        CALL leasewrap.lease_hint(p_name);
+        SELECT TRUE AS renewed, TRUE AS held;
+    ELSE
+        SELECT FALSE AS renewed, IFNULL(MAX(l.held), FALSE) AS held FROM leasewrap.lease AS l
+            WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin;
+    END IF;
+END //
+
+-- Release NAME: a compare-and-set on the holder's token; the row is free and the version moves,
+-- and the named lock goes, which wakes the waiters in lease_wait.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_release(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                                  IN p_token BIGINT UNSIGNED)
+MODIFIES SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE hint VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('leasewrap:', MD5(p_name));
+    DECLARE released BOOLEAN;
+    CALL leasewrap.lease_caller(p_name);
+    UPDATE leasewrap.lease AS l SET l.version = l.version + 1, l.held = FALSE
+        WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin AND l.token = p_token AND l.held;
+    SET released = ROW_COUNT() = 1;
+    IF IS_USED_LOCK(hint) = CONNECTION_ID() THEN
+        DO RELEASE_LOCK(hint);
+    END IF;
+    SELECT released;
+END //
+
+-- The holder's named lock of NAME, taken when nobody has it: while it is held, a waiter's
+-- lease_wait waits for it; a release or the holder's end of connection lets it go.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_hint(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+NO SQL
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE hint VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('leasewrap:', MD5(p_name));
+    IF IS_USED_LOCK(hint) IS NULL THEN
+        DO GET_LOCK(hint, 0);
+    END IF;
+END //
+
+-- Wait at most p_seconds for the holder of NAME to let its named lock go. released is 1 when it
+-- did, 0 when nobody held it (then there is nothing to wait for: the caller polls) or the wait
+-- ran out.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_wait(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_seconds DOUBLE)
+NO SQL
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE hint VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('leasewrap:', MD5(p_name));
+    DECLARE released INT DEFAULT 0;
+    IF IS_FREE_LOCK(hint) = 0 THEN
+        SET released = IFNULL(GET_LOCK(hint, LEAST(GREATEST(p_seconds, 0), 10)), 0);
+        IF released = 1 THEN
+            DO RELEASE_LOCK(hint);
+        END IF;
+    END IF;
+    SELECT released;
+END //
+
+-- A definer must itself be allowed to run what it defines.
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_caller TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_hint TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_sql TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_read TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_take TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_renew TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_release TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_wait TO 'leasewrap_fence'@'localhost' //
+
+-- Every account may ask which version is installed, so that leasewrap tells a server without
+-- the SQL (78) from a user tied to no name (77). Servers before MariaDB 10.11 have no PUBLIC:
+-- there the two look alike to an untied user, and leasewrap names both.
+BEGIN NOT ATOMIC
+    DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+    EXECUTE IMMEDIATE 'GRANT EXECUTE ON PROCEDURE leasewrap.lease_sql TO PUBLIC';
+END //
+
 -- Lets every account of user fence names: a NAME, PREFIX* or *. Grants EXECUTE on the fence;
 -- nothing on the tables. Names another user's tie that covers a name this one covers too: each
 -- of the two may record a token the other's holders cannot pass (18446744073709551615 stops
@@ -413,7 +617,7 @@ BEGIN
     END IF;
 END //
 
--- Grants (or revokes) EXECUTE on the fence to every account of a user.
+-- Grants (or revokes) EXECUTE on the fence and the lease's procedures to every account of a user.
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
 PROCEDURE leasewrap.grant_fence(IN p_user VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
                                 IN p_grant BOOLEAN)
@@ -430,9 +634,13 @@ BEGIN
     each_account: LOOP
         FETCH accounts INTO host;
         IF done THEN LEAVE each_account; END IF;
-        EXECUTE IMMEDIATE CONCAT(IF(p_grant, 'GRANT', 'REVOKE'),
-            ' EXECUTE ON PROCEDURE leasewrap.fence ', IF(p_grant, 'TO ', 'FROM '),
-            QUOTE(p_user), '@', QUOTE(host));
+        FOR made IN (SELECT 'fence' AS name UNION ALL SELECT 'lease_sql' UNION ALL SELECT 'lease_read'
+                     UNION ALL SELECT 'lease_take' UNION ALL SELECT 'lease_renew'
+                     UNION ALL SELECT 'lease_release' UNION ALL SELECT 'lease_wait') DO
+            EXECUTE IMMEDIATE CONCAT(IF(p_grant, 'GRANT', 'REVOKE'),
+                ' EXECUTE ON PROCEDURE leasewrap.', made.name, IF(p_grant, ' TO ', ' FROM '),
+                QUOTE(p_user), '@', QUOTE(host));
+        END FOR;
     END LOOP;
     CLOSE accounts;
 END //
@@ -470,7 +678,7 @@ BEGIN NOT ATOMIC
     END LOOP;
     CLOSE users;
     DELETE FROM leasewrap.installed;
-    INSERT INTO leasewrap.installed (version) VALUES (2);
+    INSERT INTO leasewrap.installed (version) VALUES (3);
 END //
 
 DELIMITER ;

@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
     long_version = env!("LONG_VERSION"),
     about = "Run a command as the only holder of a named lease, and stop it before the lease can lapse",
     long_about = "Run COMMAND as the only holder of the lease NAME: on etcd when endpoints are given, \
-on ZooKeeper when a connect string is, in a PostgreSQL database when --database is, otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
+on ZooKeeper when a connect string is, in a PostgreSQL or MariaDB database when --database is, otherwise with a lock file on this host. The lease is renewed against a monotonic clock counted from \
 when each renewal was sent; the child gets a fencing token in LEASEWRAP_FENCING_TOKEN, and its whole \
 process tree is stopped before the lease can lapse. Everything after -- belongs to COMMAND, which is \
 run directly, never through a shell unless -c is given.",
@@ -77,7 +77,8 @@ the token its czxid, and KEY a node path outside /leasewrap, written in one mult
 leasewrap with the function leasewrap.fence(name, token) that jobs call, and the schema leasewrap_data, \
 on which jobs have no right, with the table fence (one row per lease NAME with the highest fencing token \
 committed under it); on MariaDB the database leasewrap (the same table, and the procedure \
-leasewrap.fence(name, token)). Install it as a superuser (root on MariaDB), \
+leasewrap.fence(name, token)). Beside the fence it installs the lease of leasewrap --database: the \
+table lease (one row per NAME) and the functions (procedures) that alone change it. Install it as a superuser (root on MariaDB), \
 with a client that reads no rc or option file and stops at the first error: \
 leasewrap fence-sql postgres | psql -X -v ON_ERROR_STOP=1 -d DB -f -, or \
 leasewrap fence-sql mariadb | mariadb --no-defaults --user=root. Running it again upgrades an older \
@@ -312,7 +313,7 @@ pub struct ConnArgs {
     #[arg(long, value_name = "CONNECT")]
     pub zookeeper: Option<String>,
 
-    /// PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?sslmode=verify-full&...]; the password from --password-file or ~/.pgpass, never in the URL [env: LEASEWRAP_DATABASE]
+    /// PostgreSQL or MariaDB instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?sslmode=verify-full&...] or mariadb://...; the password from --password-file, ~/.pgpass or ~/.my.cnf, never in the URL [env: LEASEWRAP_DATABASE]
     #[arg(long, value_name = "URL")]
     pub database: Option<String>,
 

@@ -33,8 +33,10 @@
 //! - `lease::zk::lock`: the lock recipe (protected ephemeral sequential nodes, czxid token).
 //! - `lease::zk::keeper`: the keeper that renews `D` by `timing::zk`.
 //! - `lease::zk::runs`, `lease::zk::status`, `lease::zk::fence`: its records, status, puts.
-//! - `lease::db`: the database backend (PostgreSQL): waiting, taking, the keeper, the release.
+//! - `lease::db`: the database backend (PostgreSQL, MariaDB): waiting, taking, the keeper, the
+//!   release.
 //! - `lease::db::postgres`: one connection to PostgreSQL and the lease's statements on it.
+//! - `lease::db::mariadb`: one connection to MariaDB and the lease's statements on it.
 //! - `lease::db::status`: `status` of a lease's row.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.

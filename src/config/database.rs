@@ -4,8 +4,10 @@
 //!
 //! `postgresql://[user@][host][:port][/dbname][?param=value&...]` (or `postgres://`), with the
 //! parameters host (a socket directory when it starts with `/`), port, dbname, user, sslmode,
-//! sslrootcert, application_name and connect_timeout. A password in the URL is refused: the
-//! command line is readable by every user of the host.
+//! sslrootcert, application_name and connect_timeout. `mariadb://` (or `mysql://`) takes the
+//! same form and parameters, with `socket` (the socket file) for host; its password comes from
+//! `--password-file` or the `[client]` group of `~/.my.cnf`, as the mariadb client's does. A
+//! password in the URL is refused: the command line is readable by every user of the host.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,12 +16,20 @@ use crate::error::Error;
 
 use super::{read_config_file, read_config_file_mode, Env};
 
+/// Which server the URL's scheme names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    Postgres,
+    Mariadb,
+}
+
 /// How to reach the lease's database.
 #[derive(Clone)]
 pub struct DbConfig {
+    pub server: Server,
     /// The URL as given, for messages (it holds no password).
     pub url: String,
-    /// A TCP host, or the directory of a Unix socket.
+    /// A TCP host, or a Unix socket (PostgreSQL: its directory; MariaDB: the file).
     pub host: Host,
     pub port: u16,
     pub dbname: String,
@@ -47,7 +57,7 @@ impl std::fmt::Debug for DbConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Host {
     Tcp(String),
-    /// The directory holding `.s.PGSQL.PORT`.
+    /// PostgreSQL: the directory holding `.s.PGSQL.PORT`; MariaDB: the socket itself.
     Socket(PathBuf),
 }
 
@@ -64,9 +74,29 @@ impl Host {
 /// The socket directory Debian's and Red Hat's PostgreSQL use.
 const SOCKET_DIR: &str = "/var/run/postgresql";
 
+/// The socket Debian's and Red Hat's MariaDB use.
+const MARIADB_SOCKET: &str = "/run/mysqld/mysqld.sock";
+
+impl Server {
+    fn default_socket(self) -> &'static str {
+        match self {
+            Server::Postgres => SOCKET_DIR,
+            Server::Mariadb => MARIADB_SOCKET,
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Server::Postgres => 5432,
+            Server::Mariadb => 3306,
+        }
+    }
+}
+
 /// What the URL says, before the password and TLS files are read.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Parts {
+    server: Option<Server>,
     user: Option<String>,
     host: Option<String>,
     port: Option<String>,
@@ -87,13 +117,14 @@ pub struct Given<'a> {
 /// The checked database configuration of `url`.
 pub fn db_config(url: &str, given: &Given, env: Env) -> Result<DbConfig, Error> {
     let parts = parse(url)?;
+    let server = parts.server.unwrap_or(Server::Postgres);
     let host = match parts.host.as_deref() {
-        None | Some("") => Host::Socket(PathBuf::from(SOCKET_DIR)),
+        None | Some("") => Host::Socket(PathBuf::from(server.default_socket())),
         Some(h) if h.starts_with('/') => Host::Socket(PathBuf::from(h)),
         Some(h) => Host::Tcp(h.to_owned()),
     };
     let port = match parts.port.as_deref() {
-        None | Some("") => 5432,
+        None | Some("") => server.default_port(),
         Some(p) => p
             .parse::<u16>()
             .ok()
@@ -105,14 +136,23 @@ pub fn db_config(url: &str, given: &Given, env: Env) -> Result<DbConfig, Error> 
         _ => env("USER").unwrap_or_else(|| "postgres".into()),
     };
     let dbname = parts.dbname.clone().filter(|d| !d.is_empty());
-    let dbname = dbname.unwrap_or_else(|| user.clone());
+    // MariaDB's client connects to no database unless one is named; the lease's is leasewrap.
+    let dbname = match server {
+        Server::Postgres => dbname.unwrap_or_else(|| user.clone()),
+        Server::Mariadb => dbname.unwrap_or_default(),
+    };
     let tls = tls(url, &parts, &host, given.cacert)?;
-    let password = password(&host, port, &dbname, &user, given, env)?;
+    let password = match &given.password_file {
+        Some((from, path)) => Some(first_line(path, from)?),
+        None if server == Server::Postgres => pgpass(&host, port, &dbname, &user, env),
+        None => my_cnf_password(env),
+    };
     let dial_timeout = match parts.connect_timeout.as_deref() {
         None => given.dial_timeout,
         Some(s) => connect_timeout(url, s)?,
     };
     Ok(DbConfig {
+        server,
         url: url.to_owned(),
         host,
         port,
@@ -127,20 +167,21 @@ pub fn db_config(url: &str, given: &Given, env: Env) -> Result<DbConfig, Error> 
 
 fn bad(url: &str, why: &str) -> Error {
     Error::Usage(format!(
-        "bad --database {url:?}: {why}; write it like postgresql://job@db.example:5432/app?sslmode=verify-full"
+        "bad --database {url:?}: {why}; write it like postgresql://job@db.example:5432/app?sslmode=verify-full or mariadb://job@db.example:3306/app?sslmode=verify-full"
     ))
 }
 
 /// The URL's parts, percent-decoded.
 fn parse(url: &str) -> Result<Parts, Error> {
-    let rest = match url.split_once("://") {
-        Some(("postgresql" | "postgres", rest)) => rest,
-        Some(("mariadb" | "mysql", _)) => {
-            return Err(Error::Usage(format!(
-                "--database {url:?}: MariaDB and MySQL leases are not supported yet; PostgreSQL's are (postgresql://)"
-            )))
+    let (server, rest) = match url.split_once("://") {
+        Some(("postgresql" | "postgres", rest)) => (Server::Postgres, rest),
+        Some(("mariadb" | "mysql", rest)) => (Server::Mariadb, rest),
+        _ => {
+            return Err(bad(
+                url,
+                "the scheme is not postgresql://, postgres://, mariadb:// or mysql://",
+            ))
         }
-        _ => return Err(bad(url, "the scheme is not postgresql:// or postgres://")),
     };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -151,11 +192,12 @@ fn parse(url: &str) -> Result<Parts, Error> {
     if userinfo.is_some_and(|u| u.contains(':')) {
         return Err(bad(
             url,
-            "it holds a password, which every user of this host could read on the command line: put it in ~/.pgpass or a --password-file",
+            "it holds a password, which every user of this host could read on the command line: put it in ~/.pgpass (~/.my.cnf) or a --password-file",
         ));
     }
     let (host, port) = split_host_port(url, hostport)?;
     let mut parts = Parts {
+        server: Some(server),
         user: userinfo.map(|u| decode(url, u)).transpose()?,
         host: host.map(|h| decode(url, h)).transpose()?,
         port: port.map(str::to_owned),
@@ -197,8 +239,10 @@ fn param(url: &str, parts: &mut Parts, pair: &str) -> Result<(), Error> {
         .split_once('=')
         .ok_or_else(|| bad(url, &format!("{pair:?} is not name=value")))?;
     let value = Some(decode(url, value)?);
+    let mariadb = parts.server == Some(Server::Mariadb);
     let slot = match name {
         "host" => &mut parts.host,
+        "socket" if mariadb => &mut parts.host,
         "port" => &mut parts.port,
         "dbname" => &mut parts.dbname,
         "user" => &mut parts.user,
@@ -209,9 +253,10 @@ fn param(url: &str, parts: &mut Parts, pair: &str) -> Result<(), Error> {
         "password" => {
             return Err(bad(
                 url,
-                "it holds a password, which every user of this host could read on the command line: put it in ~/.pgpass or a --password-file",
+                "it holds a password, which every user of this host could read on the command line: put it in ~/.pgpass (~/.my.cnf) or a --password-file",
             ))
         }
+        "socket" => return Err(bad(url, "socket is MariaDB's: PostgreSQL's is host=DIRECTORY")),
         other => return Err(bad(url, &format!("unknown parameter {other:?}"))),
     };
     *slot = value;
@@ -290,42 +335,74 @@ fn connect_timeout(url: &str, secs: &str) -> Result<Duration, Error> {
         })
 }
 
-/// `--password-file`, else the first matching line of PGPASSFILE or `~/.pgpass` (ignored, as
-/// libpq does, when group or others may read it); none when neither has one.
-fn password(
-    host: &Host,
-    port: u16,
-    db: &str,
-    user: &str,
-    given: &Given,
-    env: Env,
-) -> Result<Option<String>, Error> {
-    if let Some((from, path)) = &given.password_file {
-        let (text, _) = read_config_file_mode(path, from)?;
-        let text = String::from_utf8_lossy(&text);
-        return Ok(Some(text.lines().next().unwrap_or("").to_owned()));
-    }
+/// The first line of `--password-file`.
+fn first_line(path: &Path, from: &str) -> Result<String, Error> {
+    let (text, _) = read_config_file_mode(path, from)?;
+    let text = String::from_utf8_lossy(&text);
+    Ok(text.lines().next().unwrap_or("").to_owned())
+}
+
+/// The first matching line of PGPASSFILE or `~/.pgpass` (ignored, as libpq does, when group or
+/// others may read it); none when it has none.
+fn pgpass(host: &Host, port: u16, db: &str, user: &str, env: Env) -> Option<String> {
     let path = match (env("PGPASSFILE"), env("HOME")) {
         (Some(p), _) if !p.is_empty() => PathBuf::from(p),
         (_, Some(home)) => Path::new(&home).join(".pgpass"),
-        _ => return Ok(None),
+        _ => return None,
     };
-    let Ok((text, mode)) = read_config_file_mode(&path, "PGPASSFILE") else {
-        return Ok(None);
-    };
+    let (text, mode) = read_config_file_mode(&path, "PGPASSFILE").ok()?;
     if mode & 0o077 != 0 {
         tracing::warn!(
             "{}: group or others may read it (mode {:o}), so it is not used: chmod 600 it",
             path.display(),
             mode & 0o7777
         );
-        return Ok(None);
+        return None;
     }
     let want = [host.pgpass_name(), &port.to_string(), db, user];
-    Ok(String::from_utf8_lossy(&text)
+    String::from_utf8_lossy(&text)
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .find_map(|line| pgpass_line(line, &want)))
+        .find_map(|line| pgpass_line(line, &want))
+}
+
+/// The `password` of the `[client]` (or `[client-mariadb]`) group of `~/.my.cnf` (ignored, as
+/// the mariadb client ignores it, when others may write it); none when it has none.
+fn my_cnf_password(env: Env) -> Option<String> {
+    let path = Path::new(&env("HOME")?).join(".my.cnf");
+    let (text, mode) = read_config_file_mode(&path, "~/.my.cnf").ok()?;
+    if mode & 0o002 != 0 {
+        tracing::warn!(
+            "{}: others may write it (mode {:o}), so it is not used: chmod 600 it",
+            path.display(),
+            mode & 0o7777
+        );
+        return None;
+    }
+    my_cnf_client_password(&String::from_utf8_lossy(&text))
+}
+
+/// The last `password=` of the client's groups in an option file's text, unquoted.
+fn my_cnf_client_password(text: &str) -> Option<String> {
+    let mut in_client = false;
+    let mut found = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(group) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            in_client = matches!(group.trim(), "client" | "client-mariadb");
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if in_client && key.trim() == "password" {
+            let value = value.trim();
+            let unquoted = ['"', '\'']
+                .iter()
+                .find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q)));
+            found = Some(unquoted.unwrap_or(value).to_owned());
+        }
+    }
+    found
 }
 
 /// The password of a `.pgpass` line whose four fields match `want` (`*` matches anything;
@@ -401,7 +478,7 @@ mod tests {
         assert!(usage("postgresql://job:secret@db/app").contains(".pgpass"));
         assert!(usage("postgresql://db/app?password=secret").contains(".pgpass"));
         assert!(usage("http://db/app").contains("scheme"));
-        assert!(usage("mariadb://db/app").contains("not supported yet"));
+        assert!(usage("postgresql://db/app?socket=%2Ftmp%2Fs").contains("MariaDB's"));
         assert!(usage("postgresql://db:0/app").contains("port"));
         assert!(usage("postgresql://db:99999/app").contains("port"));
         assert!(usage("postgresql://db/app?sslmode=sometimes").contains("sslmode"));
@@ -412,6 +489,34 @@ mod tests {
         for url in ["postgresql://db/app?sslmode=verify-full", "http://x"] {
             assert!(!usage(url).contains('\n'), "{url}");
         }
+    }
+
+    #[test]
+    fn a_mariadb_url_names_its_socket_file_or_host_and_its_defaults() {
+        let c = config("mariadb://job@/app?socket=%2Ftmp%2Fm.sock").unwrap();
+        assert_eq!(c.server, Server::Mariadb);
+        assert_eq!(c.host, Host::Socket("/tmp/m.sock".into()));
+        assert_eq!((c.dbname.as_str(), c.user.as_str()), ("app", "job"));
+        let c = config("mysql://").unwrap();
+        assert_eq!(c.host, Host::Socket(MARIADB_SOCKET.into()));
+        assert_eq!(
+            (c.port, c.dbname.as_str(), c.user.as_str()),
+            (3306, "", "alice")
+        );
+        let c = config("mariadb://db.example:3307").unwrap();
+        assert_eq!((c.host, c.port), (Host::Tcp("db.example".into()), 3307));
+        assert!(usage("mariadb://job:pw@db/app").contains("~/.my.cnf"));
+    }
+
+    #[test]
+    fn my_cnf_gives_the_password_of_its_client_groups_only() {
+        let text = "[mysqld]\npassword=server\n[client]\nuser = job\npassword = \"se same\"\n[mysql]\npassword=other\n";
+        assert_eq!(my_cnf_client_password(text), Some("se same".into()));
+        assert_eq!(
+            my_cnf_client_password("[client-mariadb]\npassword='x'\n"),
+            Some("x".into())
+        );
+        assert_eq!(my_cnf_client_password("[mysqld]\npassword=server\n"), None);
     }
 
     #[test]

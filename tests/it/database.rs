@@ -6,6 +6,37 @@
 //!
 //! Every test has a database of its own on the one shared server (`postgres::shared`, on its
 //! socket and on loopback), with the SQL installed and a login role tied to the test's name.
+//! The same lease on MariaDB 10.11 is in `on_mariadb`.
+
+/// The scenarios both servers play, as tests of the module that invokes it: each on a fresh
+/// `place(label)` of that module's; `$woken_by` is what wakes a waiter there.
+macro_rules! scenarios {
+    ($woken_by:expr) => {
+        #[test]
+        fn a_release_wakes_the_waiter_at_once() {
+            $crate::database::a_release_wakes_the_waiter(&place("handover"), $woken_by);
+        }
+
+        #[test]
+        fn a_waiter_takes_over_a_sigkilled_holder_only_l_after_its_last_renewal() {
+            $crate::database::a_sigkilled_holder_is_taken_over_only_l_after_its_last_renewal(
+                &place("sigkill"),
+            );
+        }
+
+        #[test]
+        fn a_stopped_leasewrap_loses_its_child_by_d_and_the_waiter_takes_over_after_l() {
+            $crate::database::a_stopped_leasewrap_loses_its_child_by_d(&place("sigstop"));
+        }
+
+        #[test]
+        fn no_wait_on_a_held_lease_exits_75_once_the_holder_is_seen_renewing_and_status_shows_it() {
+            $crate::database::no_wait_is_75_and_status_shows_the_holder(&place("busy"));
+        }
+    };
+}
+
+mod on_mariadb;
 
 use std::time::{Duration, Instant};
 
@@ -111,12 +142,41 @@ fn a_run_takes_the_row_with_a_token_the_fence_of_the_same_database_accepts() {
     assert!(p.row().ends_with("|2|false"), "{}", p.row());
 }
 
-#[test]
-fn a_release_wakes_the_waiter_at_once_through_notify() {
-    let p = place("handover");
+/// A lease on either server, as the scenarios both servers' tests play use it.
+pub(crate) trait Lease {
+    /// A leasewrap on the lease over the server's socket, with the tests' TTL and debug logs.
+    fn holder(&self) -> Leasewrap;
+    /// The URL of the server's socket, as the test's role or user.
+    fn lease_url(&self) -> String;
+    fn lease_name(&self) -> &str;
+    /// Which server, for the figures printed.
+    fn server(&self) -> &'static str;
+}
+
+impl Lease for Place {
+    fn holder(&self) -> Leasewrap {
+        self.job(&self.url())
+    }
+
+    fn lease_url(&self) -> String {
+        self.url()
+    }
+
+    fn lease_name(&self) -> &str {
+        &self.name
+    }
+
+    fn server(&self) -> &'static str {
+        "PostgreSQL"
+    }
+}
+
+/// A release wakes the waiter at once (`woken by a release` in its log), which takes the next
+/// token only after the holder's child ended.
+pub(crate) fn a_release_wakes_the_waiter(p: &impl Lease, by: &str) {
     let sb = Sandbox::new();
-    let mut a = Job::hold(p.job(&p.url()), &sb, "a");
-    let mut b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
+    let mut a = Job::hold(p.holder(), &sb, "a");
+    let mut b = Job::spawn(p.holder(), Marks::new(&sb, "b"), false);
     wait_until(STARTUP, "the waiter to wait", || {
         b.run.stderr().contains("waiting for the lease")
     });
@@ -125,7 +185,8 @@ fn a_release_wakes_the_waiter_at_once_through_notify() {
     let b_start = read_ns(&b.marks.start);
     a.finish_with(0);
     eprintln!(
-        "handover PostgreSQL: {:.1} ms from the holder's child's last act to the next child's first",
+        "handover {}: {:.1} ms from the holder's child's last act to the next child's first",
+        p.server(),
         ms(b_start - a_end)
     );
     assert!(
@@ -134,7 +195,7 @@ fn a_release_wakes_the_waiter_at_once_through_notify() {
     );
     assert!(
         b.run.stderr().contains("woken by a release"),
-        "the waiter was not woken by the release's NOTIFY:\n{}",
+        "the waiter was not woken by {by}:\n{}",
         b.run.stderr()
     );
     assert_eq!(b.token(), a.token() + 1);
@@ -142,13 +203,12 @@ fn a_release_wakes_the_waiter_at_once_through_notify() {
     b.finish_with(0);
 }
 
-#[test]
-fn a_waiter_takes_over_a_sigkilled_holder_only_l_after_its_last_renewal() {
-    let p = place("sigkill");
+/// A SIGKILLed holder's row is taken over only `L` after its last renewal.
+pub(crate) fn a_sigkilled_holder_is_taken_over_only_l_after_its_last_renewal(p: &impl Lease) {
     let sb = Sandbox::new();
-    let mut a = Job::hold(p.job(&p.url()), &sb, "a");
+    let mut a = Job::hold(p.holder(), &sb, "a");
     let a_token = a.token();
-    let b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
+    let mut b = Job::spawn(p.holder(), Marks::new(&sb, "b"), false);
     wait_until(STARTUP, "the waiter to wait", || {
         b.run.stderr().contains("waiting for the lease")
     });
@@ -158,8 +218,12 @@ fn a_waiter_takes_over_a_sigkilled_holder_only_l_after_its_last_renewal() {
     assert_all_die_within(Duration::from_secs(1), &[("A's child", a_child)]);
     a.wait(STARTUP);
     let waited = ms(read_ns(&b.marks.start) - killed_ns);
-    eprintln!("PostgreSQL SIGKILL: B's child started {waited:.0} ms after the kill (L {TTL:?})");
-    // A renewed at most L/3 before the kill; B counts L from a read after that renewal.
+    eprintln!(
+        "{} SIGKILL: B's child started {waited:.0} ms after the kill (L {TTL:?})",
+        p.server()
+    );
+    // A renewed at most L/3 before the kill; B counts L from a read after that renewal (on
+    // MariaDB the named lock A's end lets go wakes B, which must not take the row then).
     let at_least = ms(TTL.as_nanos() as i128) * 2.0 / 3.0;
     assert!(
         waited >= at_least,
@@ -168,9 +232,62 @@ fn a_waiter_takes_over_a_sigkilled_holder_only_l_after_its_last_renewal() {
     assert!(waited < ms(TAKEOVER_BOUND.as_nanos() as i128));
     assert_eq!(b.token(), a_token + 1);
     b.release();
-    let mut b = b;
     b.finish_with(0);
 }
+
+/// A SIGSTOPped leasewrap's child dies by D (status 124 once resumed); the waiter takes over
+/// only after `L`, and its child is left alone.
+pub(crate) fn a_stopped_leasewrap_loses_its_child_by_d(p: &impl Lease) {
+    let sb = Sandbox::new();
+    let mut a = Job::spawn(p.holder().own_process_group(), Marks::new(&sb, "a"), true);
+    a.child();
+    let mut c = Job::spawn(p.holder(), Marks::new(&sb, "c"), false);
+    let takeover = stop_for_two_ttls_while_c_takes_over(Stopped::Leasewrap, &a, &c);
+    a.wait(Duration::from_secs(5));
+    assert_exit(&a.run, 124);
+    eprintln!(
+        "{} leasewrap SIGSTOPped: {}",
+        p.server(),
+        takeover.describe()
+    );
+    assert!(
+        pid_alive(c.child()),
+        "the next holder's child was disturbed"
+    );
+    c.release();
+    c.finish_with(0);
+}
+
+/// `-n` on a held lease is 75 once it sees the holder renew, within a TTL, and runs nothing;
+/// `status NAME` shows the holder's token.
+pub(crate) fn no_wait_is_75_and_status_shows_the_holder(p: &impl Lease) {
+    let sb = Sandbox::new();
+    let mut a = Job::hold(p.holder(), &sb, "a");
+    let started = Instant::now();
+    let ran = sb.path("ran");
+    let out = p
+        .holder()
+        .args(&["-n"])
+        .shell(&format!("touch {}", q(&ran)))
+        .output();
+    assert_exit(&out, 75);
+    assert!(started.elapsed() < TTL, "-n took {:?}", started.elapsed());
+    assert!(!ran.exists());
+    let status = Leasewrap::subcommand("status")
+        .args(&["--database", &p.lease_url(), "--json", p.lease_name()])
+        .output();
+    assert_exit(&status, 0);
+    let token = format!("\"token\":{}", a.token());
+    assert!(
+        status.stdout.contains("\"held\":true") && status.stdout.contains(&token),
+        "{}",
+        status.stdout
+    );
+    a.release();
+    a.finish_with(0);
+}
+
+scenarios!("the release's NOTIFY");
 
 #[test]
 fn a_holder_cut_off_from_the_database_is_dead_before_the_waiter_takes_over() {
@@ -186,59 +303,6 @@ fn a_holder_cut_off_from_the_database_is_dead_before_the_waiter_takes_over() {
     assert!(c.token() > a.token());
     c.release();
     c.finish_with(0);
-}
-
-#[test]
-fn a_stopped_leasewrap_loses_its_child_by_d_and_the_waiter_takes_over_after_l() {
-    let p = place("sigstop");
-    let sb = Sandbox::new();
-    let mut a = Job::spawn(
-        p.job(&p.url()).own_process_group(),
-        Marks::new(&sb, "a"),
-        true,
-    );
-    a.child();
-    let mut c = Job::spawn(p.job(&p.url()), Marks::new(&sb, "c"), false);
-    let takeover = stop_for_two_ttls_while_c_takes_over(Stopped::Leasewrap, &a, &c);
-    a.wait(Duration::from_secs(5));
-    assert_exit(&a.run, 124);
-    eprintln!("PostgreSQL leasewrap SIGSTOPped: {}", takeover.describe());
-    assert!(
-        pid_alive(c.child()),
-        "the next holder's child was disturbed"
-    );
-    c.release();
-    c.finish_with(0);
-}
-
-#[test]
-fn no_wait_on_a_held_lease_exits_75_once_the_holder_is_seen_renewing_and_status_shows_it() {
-    let p = place("busy");
-    let sb = Sandbox::new();
-    let a = Job::hold(p.job(&p.url()), &sb, "a");
-    let started = Instant::now();
-    let ran = sb.path("ran");
-    let out = p
-        .job(&p.url())
-        .args(&["-n"])
-        .shell(&format!("touch {}", q(&ran)))
-        .output();
-    assert_exit(&out, 75);
-    assert!(started.elapsed() < TTL, "-n took {:?}", started.elapsed());
-    assert!(!ran.exists());
-    let status = Leasewrap::subcommand("status")
-        .args(&["--database", &p.url(), "--json", &p.name])
-        .output();
-    assert_exit(&status, 0);
-    let token = format!("\"token\":{}", a.token());
-    assert!(
-        status.stdout.contains("\"held\":true") && status.stdout.contains(&token),
-        "{}",
-        status.stdout
-    );
-    a.release();
-    let mut a = a;
-    a.finish_with(0);
 }
 
 #[test]
@@ -381,11 +445,19 @@ fn another_role_may_not_take_a_name_it_is_not_tied_to() {
         &format!("SELECT leasewrap.allow('{other}', '{own}')"),
     );
     let out = p.quiet(&p.url_as(&other)).shell("exit 3").output();
-    assert_exit(&out, 77);
-    let refused = format!("role {other} may not use the lease \"{}\"", p.name);
-    assert!(out.stderr.contains(&refused), "{}", out.stderr);
-    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    refused_in_one_line(
+        &out,
+        &format!("role {other} may not use the lease \"{}\"", p.name),
+    );
     assert_eq!(p.row(), "", "the other role's run left a row");
+}
+
+/// A run refused with 77 and the one line `refused` is in.
+#[track_caller]
+pub(crate) fn refused_in_one_line(out: &Output, refused: &str) {
+    assert_exit(out, 77);
+    assert!(out.stderr.contains(refused), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
 }
 
 #[test]

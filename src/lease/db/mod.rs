@@ -1,6 +1,7 @@
 //! The database backend (`--database URL`), behind [`crate::lease::backend`]:
 //!
 //! - [`postgres`]: one connection to PostgreSQL and the lease's statements on it;
+//! - [`mariadb`]: the same on MariaDB;
 //! - [`status`]: `leasewrap status` on the lease's row.
 //!
 //! This file ties them into taking and holding a lease by the rule of `timing::db`
@@ -9,6 +10,7 @@
 //! `D` from each renewal's send. Every change is one statement through a function the installer
 //! made; nothing here reads a clock of the server's. Nothing here touches a process.
 
+pub mod mariadb;
 pub mod postgres;
 pub mod status;
 
@@ -25,12 +27,15 @@ use super::timing::db::{DbSchedule, Renewal, RowSeen, Watch, WatchNext};
 use super::timing::{KeySeen, Next, Params, Verdict};
 use super::{Held, LeaseEvent, LossReason};
 use crate::clock::BootInstant;
-use crate::config::database::DbConfig;
+use crate::config::database::{DbConfig, Server};
 use crate::error::Error;
 use crate::runs::{RunRecord, Written};
 
 /// The version of the installed SQL (`leasewrap fence-sql postgres`) this leasewrap needs.
 pub const SQL_VERSION: i32 = 4;
+
+/// The version of the installed SQL (`leasewrap fence-sql mariadb`) this leasewrap needs.
+pub const SQL_VERSION_MARIADB: i32 = 3;
 
 /// How long giving the lease back may take before it is left for a waiter to take over.
 const RELEASE_WITHIN: Duration = Duration::from_secs(1);
@@ -73,15 +78,27 @@ pub trait Statements: Send {
     ) -> SendBoxed<'a, Result<Option<u64>, Error>>;
     fn renew<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<Renewal, Error>>;
     fn release<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<(), Error>>;
-    /// Ready when the server hinted that a lease was released; never, where it cannot.
-    fn woken(&mut self) -> SendBoxed<'_, ()>;
+    /// A waiter's pause of `nap` at most: over early when the server hints that NAME was
+    /// released.
+    fn pause<'a>(&'a mut self, name: &'a str, nap: Duration) -> SendBoxed<'a, Result<(), Error>>;
 }
 
 type Conn = Box<dyn Statements>;
 
 /// A connection to the database `cfg` names.
 async fn connect(cfg: &DbConfig) -> Result<Conn, Error> {
-    Ok(Box::new(postgres::connect(cfg).await?))
+    Ok(match cfg.server {
+        Server::Postgres => Box::new(postgres::connect(cfg).await?),
+        Server::Mariadb => Box::new(mariadb::connect(cfg).await?),
+    })
+}
+
+/// Where `cfg` points, for messages.
+pub fn place(cfg: &DbConfig) -> String {
+    match cfg.server {
+        Server::Postgres => postgres::place(cfg),
+        Server::Mariadb => mariadb::place(cfg),
+    }
 }
 
 /// The database, prepared for a run: connected, the installed SQL checked.
@@ -137,7 +154,7 @@ impl Db {
                 if block && !std::mem::replace(&mut told, true) {
                     tracing::info!(name = %name, "waiting for the lease");
                 }
-                self.wait(at).await;
+                self.wait(name, at).await;
             }
             let Some(row) = self.read(name, &mut watch, block).await? else {
                 continue;
@@ -181,17 +198,17 @@ impl Db {
         }
     }
 
-    /// Sleep until `at`, the next poll, or a wake-up, whichever comes first.
-    async fn wait(&mut self, at: BootInstant) {
+    /// Sleep until `at`, the next poll, or a wake-up, whichever comes first. A pause that
+    /// fails drops the connection: the next read opens another.
+    async fn wait(&mut self, name: &str, at: BootInstant) {
         let nap = BootInstant::now().until(at).min(self.poll_every());
-        match self.conn.as_mut() {
-            Some(c) => {
-                tokio::select! {
-                    () = tokio::time::sleep(nap) => {}
-                    () = c.woken() => tracing::debug!("woken by a release"),
-                }
-            }
-            None => tokio::time::sleep(nap).await,
+        let Some(mut conn) = self.conn.take() else {
+            return tokio::time::sleep(nap).await;
+        };
+        let within = nap + self.cfg.dial_timeout;
+        match bounded(&self.cfg, within, conn.pause(name, nap)).await {
+            Ok(()) => self.conn = Some(conn),
+            Err(e) => tracing::debug!(error = %e, "waiting for a release failed"),
         }
     }
 
@@ -248,10 +265,26 @@ async fn bounded<T>(
         Ok(answer) => answer,
         Err(_) => Err(Error::Unavailable(format!(
             "{}: no answer within {} ms",
-            postgres::place(cfg),
+            place(cfg),
             within.as_millis()
         ))),
     }
+}
+
+/// A failure of the connection itself, not an answer of the server's: TLS refused is 77,
+/// anything else (no answer, a server that is not the one the scheme names) 69. `at` says which
+/// server it was meant to be.
+fn not_answered(at: &str, e: &(dyn std::error::Error + 'static)) -> Error {
+    use crate::lease::etcd::client::{causes, is_tls};
+    let text: Vec<String> = causes(e).map(ToString::to_string).collect();
+    if causes(e).any(is_tls) {
+        return Error::Auth(format!("{at}: TLS refused: {}", text.join(": ")));
+    }
+    let server = at.split(" at ").next().unwrap_or(at);
+    Error::Unavailable(format!(
+        "{at}: {} (is it {server}, and does it listen there?)",
+        text.join(": ")
+    ))
 }
 
 impl backend::Lessor for Db {
@@ -348,7 +381,7 @@ impl backend::Lease for DbHeld {
 pub fn no_records(cfg: &DbConfig) -> Error {
     Error::Usage(format!(
         "--once and --once-per need etcd, ZooKeeper or the local backend: {} keeps no run records yet",
-        postgres::place(cfg)
+        place(cfg)
     ))
 }
 

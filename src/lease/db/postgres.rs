@@ -17,7 +17,6 @@ use tokio_postgres::{AsyncMessage, Client, SimpleQueryMessage, Socket};
 use super::{RowState, SendBoxed, Statements, SQL_VERSION};
 use crate::config::database::{DbConfig, Host};
 use crate::error::Error;
-use crate::lease::etcd::client::{causes, is_tls};
 use crate::lease::timing::db::Renewal;
 use crate::lease::timing::KeySeen;
 
@@ -188,15 +187,7 @@ pub fn failed(at: &str, e: &tokio_postgres::Error) -> Error {
             _ => Error::Unavailable(what),
         };
     }
-    let e: &(dyn std::error::Error + 'static) = e;
-    let text: Vec<String> = causes(e).map(ToString::to_string).collect();
-    if causes(e).any(is_tls) {
-        return Error::Auth(format!("{at}: TLS refused: {}", text.join(": ")));
-    }
-    Error::Unavailable(format!(
-        "{at}: {} (is it PostgreSQL, and does it listen there?)",
-        text.join(": ")
-    ))
+    super::not_answered(at, e)
 }
 
 impl Statements for Pg {
@@ -277,14 +268,22 @@ impl Statements for Pg {
         })
     }
 
-    fn woken(&mut self) -> SendBoxed<'_, ()> {
+    /// The nap, over early at a release's notification.
+    fn pause<'a>(&'a mut self, _name: &'a str, nap: Duration) -> SendBoxed<'a, Result<(), Error>> {
         Box::pin(async move {
-            if self.woken.recv().await.is_none() {
-                // The connection ended: no more wake-ups, only the poll.
-                std::future::pending::<()>().await;
+            let woken = async {
+                if self.woken.recv().await.is_none() {
+                    // The connection ended: no more wake-ups, only the poll.
+                    std::future::pending::<()>().await;
+                }
+                // One read answers every wake-up that came meanwhile.
+                while self.woken.try_recv().is_ok() {}
+            };
+            tokio::select! {
+                () = tokio::time::sleep(nap) => {}
+                () = woken => tracing::debug!("woken by a release"),
             }
-            // One read answers every wake-up that came meanwhile.
-            while self.woken.try_recv().is_ok() {}
+            Ok(())
         })
     }
 }

@@ -18,15 +18,19 @@ pub const READ: &[(&str, &str)] = &[
     ),
     (
         "LEASEWRAP_DATABASE",
-        "PostgreSQL instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?PARAM=VALUE&...] (--database). Beside --endpoints or --zookeeper on the command line it is not used.",
+        "PostgreSQL or MariaDB instead of etcd: postgresql://[USER@][HOST][:PORT][/DBNAME][?PARAM=VALUE&...] or mariadb://... (--database). Beside --endpoints or --zookeeper on the command line it is not used.",
     ),
     (
         "PGPASSFILE",
-        "with --database and no --password-file, the password is the first matching line of $PGPASSFILE, else $HOME/.pgpass, as libpq reads it; a file group or others may read is not used.",
+        "with --database postgresql:// and no --password-file, the password is the first matching line of $PGPASSFILE, else $HOME/.pgpass, as libpq reads it; a file group or others may read is not used.",
+    ),
+    (
+        "HOME",
+        "with --database mariadb:// and no --password-file, the password is the last password= of the [client] or [client-mariadb] group of $HOME/.my.cnf, as the mariadb client reads it; a file others may write is not used.",
     ),
     (
         "USER",
-        "with --database, the user when the URL names none, as libpq takes it.",
+        "with --database, the user when the URL names none, as libpq and the mariadb client take it.",
     ),
     ("LEASEWRAP_PREFIX", "key prefix of the lock keys (--prefix); default leasewrap/."),
     ("LEASEWRAP_CACERT, ETCDCTL_CACERT", "CA bundle to verify the server's certificate (--cacert)."),

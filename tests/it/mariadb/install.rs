@@ -104,7 +104,8 @@ fn the_install_names_the_accounts_whose_global_rights_reach_the_fence() {
 }
 
 /// Version 1 in use: a job tied to its name, and a monitor that an administrator let read the
-/// fence table. The upgrade keeps the tie and the job's EXECUTE, takes the monitor's SELECT (with
+/// fence table. The upgrade keeps the tie and the job's EXECUTE (and gives it the lease's
+/// procedures), takes the monitor's SELECT (with
 /// it, SELECT ... FOR UPDATE would hold every row) and gives it EXECUTE on fences(), saying so.
 #[test]
 fn the_upgrade_from_version_1_keeps_ties_and_makes_a_reader_s_select_execute_on_fences() {
@@ -128,6 +129,14 @@ fn the_upgrade_from_version_1_keeps_ties_and_makes_a_reader_s_select_execute_on_
     );
     let out = server.sql_as(&db.job, &db.name, &fenced);
     assert!(out.status.success(), "the tie is kept: {}", out.stderr);
+    // The tie gives the lease's procedures too, which version 1 did not have.
+    let read = format!("CALL leasewrap.lease_read('{}')", db.lease);
+    let out = server.sql_as(&db.job, &db.name, &read);
+    assert!(
+        out.status.success(),
+        "the tie gives the lease: {}",
+        out.stderr
+    );
     let read = server.sql_as(&monitor, "", "SELECT token FROM leasewrap.fence");
     assert!(read.stderr.contains("ERROR 1142"), "{}", read.stderr);
     let read = server.sql_as(&monitor, "", "CALL leasewrap.fences()");
@@ -138,7 +147,7 @@ fn the_upgrade_from_version_1_keeps_ties_and_makes_a_reader_s_select_execute_on_
         read.stderr
     );
     let version = server.sql_ok("", "SELECT GROUP_CONCAT(version) FROM leasewrap.installed");
-    assert_eq!(version, "2");
+    assert_eq!(version, "3");
 }
 
 /// A re-run (on the shared server: it changes nothing there) while a job is inside its fence:

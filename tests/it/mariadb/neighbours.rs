@@ -140,7 +140,7 @@ fn re_run_keeps_grants(maria: Maria<'_>) {
         maria
             .0
             .sql_ok("", "SELECT GROUP_CONCAT(version) FROM leasewrap.installed"),
-        "2"
+        "3"
     );
     let fence = format!(
         "START TRANSACTION; CALL leasewrap.fence('{}', 4); COMMIT",

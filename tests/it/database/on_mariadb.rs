@@ -1,0 +1,222 @@
+//! The database lease on a real MariaDB 10.11 (`--database mariadb://`): taking, and fencing
+//! with the row's token in the same server; the handover the holder's named lock wakes; a
+//! crashed or stopped holder taken over only after `L`; `-n` and `status`; another user
+//! refused; a wrong password; a server that is not MariaDB; no or an older installed SQL.
+//!
+//! Every test has a user and a lease name of its own on the one shared server (the fence's,
+//! `mariadb::maria`, with the SQL installed from the shipped file), reached over its socket.
+
+use super::{refused_in_one_line, Lease};
+use crate::etcd::TTL_ARG;
+use crate::mariadb::{install, maria, user};
+use crate::support::etcd::{self, Version};
+use crate::support::mariadb::Mariadb;
+use crate::support::*;
+
+/// A test's user, tied to its lease name, and the name.
+struct Place {
+    server: &'static Mariadb,
+    user: String,
+    name: String,
+}
+
+/// A fresh user tied to a lease name of its own.
+fn place(label: &str) -> Place {
+    let server = maria().0;
+    let db = server.database(&format!("lease_{label}"));
+    let user = user(server, &db, "job");
+    let name = format!("{db}.job");
+    server.sql_ok("", &format!("CALL leasewrap.allow('{user}', '{name}')"));
+    Place { server, user, name }
+}
+
+/// The URL of `server`'s socket, as `user`.
+fn url_of(server: &Mariadb, user: &str) -> String {
+    let socket = server.socket().display().to_string().replace('/', "%2F");
+    format!("mariadb://{user}@/?socket={socket}")
+}
+
+impl Place {
+    fn url_as(&self, user: &str) -> String {
+        url_of(self.server, user)
+    }
+
+    fn url(&self) -> String {
+        self.url_as(&self.user)
+    }
+
+    /// A leasewrap on the lease, with the tests' TTL and debug logs (shown when a test fails).
+    fn job(&self) -> Leasewrap {
+        self.quiet(&self.url()).args(&["-vv"])
+    }
+
+    /// The same with the default logs: an error is its one line.
+    fn quiet(&self, url: &str) -> Leasewrap {
+        Leasewrap::new()
+            .args(&["--database", url, "--ttl", TTL_ARG])
+            .name(&self.name)
+    }
+
+    /// The lease's row: `version|token|held`.
+    fn row(&self) -> String {
+        let sql = format!(
+            "SELECT CONCAT(version, '|', token, '|', held) FROM leasewrap.lease WHERE name = '{}'",
+            self.name
+        );
+        self.server.sql_ok("", &sql)
+    }
+}
+
+#[test]
+fn a_run_takes_the_row_with_a_token_the_fence_of_the_same_server_accepts() {
+    let p = place("take");
+    let fence = "START TRANSACTION; CALL leasewrap.fence('$LEASEWRAP_NAME', '$LEASEWRAP_FENCING_TOKEN'); COMMIT;";
+    let client = format!(
+        "{} --no-defaults --socket={} --user={} -e \"{fence}\"",
+        crate::support::mariadb::CLIENT,
+        q(p.server.socket()),
+        p.user
+    );
+    for (run, token) in [(1, "1"), (2, "2")] {
+        let out = p.job().shell(&client).output();
+        assert_exit(&out, 0);
+        let sql = format!(
+            "SELECT token FROM leasewrap.fence WHERE name = '{}'",
+            p.name
+        );
+        assert_eq!(
+            p.server.sql_ok("", &sql),
+            token,
+            "run {run}: {}",
+            out.stderr
+        );
+    }
+    // Taken twice, renewed or not, released twice: free, with the last token.
+    assert!(p.row().ends_with("|2|0"), "{}", p.row());
+    // The first holder's token is stale now, in the very server that chose it.
+    let stale = "START TRANSACTION; CALL leasewrap.fence(@n, '1'); COMMIT;";
+    let out = p
+        .server
+        .sql_as(&p.user, "", &format!("SET @n = '{}'; {stale}", p.name));
+    assert!(
+        !out.status.success() && out.stderr.contains("stale fencing token 1"),
+        "{}",
+        out.stderr
+    );
+}
+
+impl Lease for Place {
+    fn holder(&self) -> Leasewrap {
+        self.job()
+    }
+
+    fn lease_url(&self) -> String {
+        self.url()
+    }
+
+    fn lease_name(&self) -> &str {
+        &self.name
+    }
+
+    fn server(&self) -> &'static str {
+        "MariaDB"
+    }
+}
+
+scenarios!("the holder's named lock");
+
+#[test]
+fn another_user_may_not_take_a_name_it_is_not_tied_to() {
+    let p = place("other_user");
+    let other = user(p.server, &format!("{}_o", p.user), "other");
+    let out = p.quiet(&p.url_as(&other)).shell("exit 3").output();
+    assert_exit(&out, 77);
+    assert!(
+        out.stderr.contains("is tied to no lease name"),
+        "{}",
+        out.stderr
+    );
+    // Tied to a name of its own, it may still not take the test's.
+    let own = format!("{}.other", p.user);
+    p.server
+        .sql_ok("", &format!("CALL leasewrap.allow('{other}', '{own}')"));
+    let out = p.quiet(&p.url_as(&other)).shell("exit 3").output();
+    let refused = format!("user \"{other}\" may not use the lease \"{}\"", p.name);
+    refused_in_one_line(&out, &refused);
+    assert_eq!(p.row(), "", "the other user's run left a row");
+}
+
+#[test]
+fn a_wrong_password_is_refused_with_77_and_nothing_taken() {
+    let p = place("password");
+    let sb = Sandbox::new();
+    p.server.sql_ok(
+        "",
+        &format!("ALTER USER '{}'@'localhost' IDENTIFIED BY 'sesame'", p.user),
+    );
+    for (file, code) in [("not-it", 77), ("sesame", 3)] {
+        let path = sb.password_file(file, file);
+        let out = p
+            .quiet(&p.url())
+            .args(&["--password-file"])
+            .args(&[&path])
+            .shell("exit 3")
+            .output();
+        assert_exit(&out, code);
+        if code == 77 {
+            assert!(out.stderr.contains("Access denied"), "{}", out.stderr);
+            assert_eq!(p.row(), "", "a refused run left a row");
+        }
+    }
+}
+
+#[test]
+fn a_server_that_is_not_mariadb_is_69_in_one_line() {
+    let etcd = etcd::shared(Version::V3_5);
+    let addr = etcd.endpoint().trim_start_matches("http://").to_owned();
+    let out = Leasewrap::new()
+        .args(&[
+            "--database",
+            &format!("mariadb://job@{addr}"),
+            "--name",
+            "x",
+        ])
+        .args(&["--dial-timeout", "2s"])
+        .shell("exit 3")
+        .output();
+    assert_exit(&out, 69);
+    assert!(out.stderr.contains("is it MariaDB"), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+}
+
+/// A server of its own: the shared one has the SQL installed for every test.
+#[test]
+fn a_server_without_the_sql_or_with_an_older_one_is_78_naming_fence_sql() {
+    let server = Mariadb::start();
+    server.sql_ok("", "CREATE USER 'job'@'localhost'");
+    let run = || {
+        Leasewrap::new()
+            .args(&["--database", &url_of(&server, "job"), "--name", "x"])
+            .shell("exit 3")
+            .output()
+    };
+    let out = run();
+    assert_exit(&out, 78);
+    assert!(
+        out.stderr.contains("leasewrap fence-sql mariadb"),
+        "{}",
+        out.stderr
+    );
+    install(&server);
+    server.sql_ok(
+        "",
+        "CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost' PROCEDURE leasewrap.lease_sql() SELECT 2; CALL leasewrap.allow('job', 'x')",
+    );
+    let out = run();
+    assert_exit(&out, 78);
+    assert!(
+        out.stderr.contains("version 2, older than the 3"),
+        "{}",
+        out.stderr
+    );
+}
