@@ -89,8 +89,8 @@ pub struct Db {
     cfg: DbConfig,
     params: Params,
     conn: Option<Conn>,
-    /// Why the last read failed, while a waiter rides out a database that does not answer: a
-    /// wait that runs out then is 69, not 75.
+    /// Why the last read or take failed, while a waiter rides out a database that does not
+    /// answer: a wait that runs out then is 69, not 75.
     unavailable: Option<String>,
 }
 
@@ -123,10 +123,11 @@ impl Db {
             if let Some(seen) = watch.may_take(BootInstant::now()) {
                 match self.take(name, seen, record).await {
                     Ok(Some(held)) => return Ok(held),
-                    Ok(None) => {}
+                    Ok(None) => self.unavailable = None,
                     // A take not answered in time may still commit: read the row again.
-                    Err(e) if block && matches!(e, Error::Unavailable(_)) => {
-                        tracing::debug!(error = %e, "taking the lease failed; reading it again");
+                    Err(Error::Unavailable(why)) if block => {
+                        tracing::debug!(error = %why, "taking the lease failed; reading it again");
+                        self.unavailable = Some(why);
                     }
                     Err(e) => return Err(e),
                 }
@@ -167,7 +168,11 @@ impl Db {
         };
         match answer {
             Ok(row) => {
-                self.unavailable = None;
+                // A free row stays unavailable while no take of it is answered (another
+                // session's lock on the row): a wait that runs out then is 69, not 75.
+                if row.held {
+                    self.unavailable = None;
+                }
                 watch.read(sent, BootInstant::now(), row.seen());
                 Ok(Some(row))
             }
