@@ -75,6 +75,8 @@ pub trait Statements: Send {
     fn release<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<(), Error>>;
     /// Ready when the server hinted that a lease was released; never, where it cannot.
     fn woken(&mut self) -> SendBoxed<'_, ()>;
+    /// Ask the server, over a connection of its own, to cancel the statement in flight here.
+    fn cancel(&self) -> SendBoxed<'static, ()>;
 }
 
 type Conn = Box<dyn Statements>;
@@ -92,6 +94,8 @@ pub struct Db {
     /// Why the last read or take failed, while a waiter rides out a database that does not
     /// answer: a wait that runs out then is 69, not 75.
     unavailable: Option<String>,
+    /// The cancel of the take in flight, for a wait abandoned meanwhile.
+    cancel: Option<SendBoxed<'static, ()>>,
 }
 
 impl Db {
@@ -104,6 +108,7 @@ impl Db {
             params,
             conn: Some(conn),
             unavailable: None,
+            cancel: None,
         })
     }
 
@@ -202,10 +207,9 @@ impl Db {
 
     /// The compare-and-set on `seen`; on success the lease is ours from the take's send.
     async fn take(&mut self, name: &str, seen: u64, record: &str) -> Result<Option<DbHeld>, Error> {
-        let (ttl, bound) = (self.params.ttl, self.params.ttl / 3);
         let mut conn = self.open().await?;
         let t_send = BootInstant::now();
-        let token = match bounded(&self.cfg, bound, conn.take(name, seen, ttl, record)).await? {
+        let token = match self.take_within(&mut conn, name, seen, record).await? {
             Some(token) => token,
             None => {
                 self.conn = Some(conn);
@@ -234,6 +238,29 @@ impl Db {
         }))
     }
 
+    /// The take's statement, bounded by L/3. One not answered in time, or whose wait is
+    /// abandoned meanwhile, is cancelled: queued behind another session's lock on the row, it
+    /// would commit once the lock goes, holding the row for no one for `L`.
+    async fn take_within(
+        &mut self,
+        conn: &mut Conn,
+        name: &str,
+        seen: u64,
+        record: &str,
+    ) -> Result<Option<u64>, Error> {
+        let (ttl, bound) = (self.params.ttl, self.params.ttl / 3);
+        self.cancel = Some(conn.cancel());
+        let answer = tokio::time::timeout(bound, conn.take(name, seen, ttl, record)).await;
+        let cancel = self.cancel.take();
+        match answer {
+            Ok(answer) => answer,
+            Err(_) => {
+                cancel_within(&self.cfg, cancel).await;
+                Err(no_answer(&self.cfg, bound))
+            }
+        }
+    }
+
     /// The connection, opened again if a failure dropped it.
     async fn open(&mut self) -> Result<Conn, Error> {
         match self.conn.take() {
@@ -251,11 +278,25 @@ async fn bounded<T>(
 ) -> Result<T, Error> {
     match tokio::time::timeout(within, answer).await {
         Ok(answer) => answer,
-        Err(_) => Err(Error::Unavailable(format!(
-            "{}: no answer within {} ms",
-            postgres::place(cfg),
-            within.as_millis()
-        ))),
+        Err(_) => Err(no_answer(cfg, within)),
+    }
+}
+
+/// A statement not answered `within`: 69.
+fn no_answer(cfg: &DbConfig, within: Duration) -> Error {
+    Error::Unavailable(format!(
+        "{}: no answer within {} ms",
+        postgres::place(cfg),
+        within.as_millis()
+    ))
+}
+
+/// Sends `cancel`, if there is one, for at most the dial timeout.
+async fn cancel_within(cfg: &DbConfig, cancel: Option<SendBoxed<'static, ()>>) {
+    if let Some(cancel) = cancel {
+        if tokio::time::timeout(cfg.dial_timeout, cancel).await.is_err() {
+            tracing::debug!("cancelling the take got no answer in time");
+        }
     }
 }
 
@@ -279,6 +320,10 @@ impl backend::Lessor for Db {
                 Box::new(held),
             ))
         })
+    }
+
+    fn abandon(&mut self) -> Boxed<'_, ()> {
+        Box::pin(async move { cancel_within(&self.cfg, self.cancel.take()).await })
     }
 
     fn unavailable(&self) -> Option<Error> {
