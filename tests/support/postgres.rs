@@ -109,11 +109,17 @@ impl Postgres {
     pub fn start_again(&self) {
         let log = self.socket_dir.join("server.log");
         let mut start = self.pg_ctl();
-        start.arg("-l").arg(&log).args(["-o", &self.options, "start"]);
+        start
+            .arg("-l")
+            .arg(&log)
+            .args(["-o", &self.options, "start"]);
         let what = format!("pg_ctl start (log: {})", log.display());
         expect_success(&what, start.output());
         let pid = postmaster_pid(&self.socket_dir.join("data"));
-        self.pid.store(pid.expect("postmaster.pid names the server"), Ordering::SeqCst);
+        self.pid.store(
+            pid.expect("postmaster.pid names the server"),
+            Ordering::SeqCst,
+        );
     }
 
     /// `pg_ctl stop -m MODE` (`fast`: every session ended, a checkpoint; `immediate`: no
@@ -128,7 +134,10 @@ impl Postgres {
 
     /// `pg_ctl -w` on the data dir, as the server's user.
     fn pg_ctl(&self) -> Command {
-        let mut cmd = as_user(user::other(), Command::new(Path::new(BIN_DIR).join("pg_ctl")));
+        let mut cmd = as_user(
+            user::other(),
+            Command::new(Path::new(BIN_DIR).join("pg_ctl")),
+        );
         cmd.args(["-w", "-t", "60", "-D"])
             .arg(self.socket_dir.join("data"));
         cmd

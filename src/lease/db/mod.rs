@@ -294,7 +294,10 @@ fn no_answer(cfg: &DbConfig, within: Duration) -> Error {
 /// Sends `cancel`, if there is one, for at most the dial timeout.
 async fn cancel_within(cfg: &DbConfig, cancel: Option<SendBoxed<'static, ()>>) {
     if let Some(cancel) = cancel {
-        if tokio::time::timeout(cfg.dial_timeout, cancel).await.is_err() {
+        if tokio::time::timeout(cfg.dial_timeout, cancel)
+            .await
+            .is_err()
+        {
             tracing::debug!("cancelling the take got no answer in time");
         }
     }

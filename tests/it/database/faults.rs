@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::{place, place_on, sigkill_and_time_the_takeover, Place};
-use crate::etcd::{
-    keep_fault_until, last_beat_ns, ms, now_ns, read_ns, ContinueOnDrop, Stopped,
-    TAKEOVER_BOUND, TTL,
-};
 use crate::dbfence::wait_for_lock_wait;
+use crate::etcd::{
+    keep_fault_until, last_beat_ns, ms, now_ns, read_ns, ContinueOnDrop, Stopped, TAKEOVER_BOUND,
+    TTL,
+};
 use crate::postgres::{pg, session_holding};
 use crate::support::postgres::Postgres;
 use crate::support::*;
@@ -215,8 +215,7 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
 }
 
 #[test]
-fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by_d_and_exits_124()
-{
+fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by_d_and_exits_124() {
     let p = place("renew_lock");
     let sb = Sandbox::new();
     let mut a = Job::spawn(p.job(&p.url()), Marks::new(&sb, "a"), true);
@@ -234,7 +233,10 @@ fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by
         "the child was seen dead {dead:?} after the lock, past D"
     );
     let stderr = a.run.stderr();
-    assert!(stderr.contains("no renewal came before the deadline"), "{stderr}");
+    assert!(
+        stderr.contains("no renewal came before the deadline"),
+        "{stderr}"
+    );
     let last_beat = ms(last_beat_ns(&a.marks.beat) - locked_ns);
     let unlocked = unlock(&sb, session);
     eprintln!(
@@ -245,7 +247,11 @@ fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by
     // What A left queued behind the lock commits now: the next run takes the row at once.
     let next = p.job(&p.url()).args(&["-n"]).shell("exit 0").output();
     assert_exit(&next, 0);
-    assert!(p.row().ends_with(&format!("|{}|false", token + 1)), "{}", p.row());
+    assert!(
+        p.row().ends_with(&format!("|{}|false", token + 1)),
+        "{}",
+        p.row()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,7 +265,9 @@ fn faked(lw: Leasewrap, env: &[(&str, &str)]) -> Leasewrap {
         "{LIBFAKETIME_MT} is needed (Debian package faketime; scripts/test.sh installs it)"
     );
     env.iter()
-        .fold(lw.env("LD_PRELOAD", LIBFAKETIME_MT), |lw, (k, v)| lw.env(k, v))
+        .fold(lw.env("LD_PRELOAD", LIBFAKETIME_MT), |lw, (k, v)| {
+            lw.env(k, v)
+        })
 }
 
 /// A job whose child runs without libfaketime, so that its marks are on the real clock.
@@ -336,7 +344,9 @@ fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_aga
     let mut b = waiting(Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false));
     let b_pid = b.run.pid();
     let _resume = ContinueOnDrop(Stopped::Leasewrap, b_pid);
-    Stopped::Leasewrap.signal(b_pid, Signal::SIGSTOP).expect("SIGSTOP");
+    Stopped::Leasewrap
+        .signal(b_pid, Signal::SIGSTOP)
+        .expect("SIGSTOP");
     let stopped = Instant::now();
     wait_until(STARTUP, "the waiter to stop", || is_stopped(b_pid));
     a_renewal(&p);
@@ -346,7 +356,9 @@ fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_aga
     a.wait(STARTUP);
     keep_fault_until(killed + TTL + TTL / 2);
     assert!(is_stopped(b_pid), "the waiter was resumed before SIGCONT");
-    Stopped::Leasewrap.signal(b_pid, Signal::SIGCONT).expect("SIGCONT");
+    Stopped::Leasewrap
+        .signal(b_pid, Signal::SIGCONT)
+        .expect("SIGCONT");
     let (paused, resumed_ns) = (stopped.elapsed(), now_ns());
     let waited = ms(read_ns(&b.marks.start) - resumed_ns);
     eprintln!(
