@@ -10,6 +10,7 @@
 
 mod faults;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -271,13 +272,7 @@ fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() 
     let sb = Sandbox::new();
     let mut a = Job::hold(p.job(&p.url()), &sb, "a");
     let ran = sb.path("ran");
-    let started = Instant::now();
-    let out = p
-        .job(&p.url())
-        .args(&["-w", "1s"])
-        .shell(&format!("touch {}", q(&ran)))
-        .output();
-    let waited = started.elapsed();
+    let (out, waited) = wait_one_second(p.job(&p.url()), &ran);
     assert_exit(&out, 75);
     assert!(
         waited >= Duration::from_secs(1) && waited < TTL,
@@ -291,6 +286,16 @@ fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() 
     );
     a.release();
     a.finish_with(0);
+}
+
+/// A run of `lw` with `-w 1s` whose child would create `ran`: its output, and how long it took.
+fn wait_one_second(lw: Leasewrap, ran: &Path) -> (Output, Duration) {
+    let started = Instant::now();
+    let out = lw
+        .args(&["-w", "1s"])
+        .shell(&format!("touch {}", q(ran)))
+        .output();
+    (out, started.elapsed())
 }
 
 /// PgBouncer in transaction pooling mode keeps no session for a client: a waiter cannot count

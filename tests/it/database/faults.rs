@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::{place, place_on, sigkill_and_time_the_takeover, Place};
+use super::{place, place_on, sigkill_and_time_the_takeover, wait_one_second, Place};
 use crate::dbfence::wait_for_lock_wait;
 use crate::etcd::{
     keep_fault_until, last_beat_ns, ms, now_ns, read_ns, ContinueOnDrop, Stopped, TAKEOVER_BOUND,
@@ -68,6 +68,15 @@ fn death_after(child: i32, from: Instant, bound: Duration) -> Duration {
     from.elapsed()
 }
 
+/// A holder whose child beats every 20 ms (label `a`), once its child runs: the job, the
+/// child's pid and the token.
+#[track_caller]
+fn beating_holder(lw: Leasewrap, sb: &Sandbox) -> (Job, i32, u64) {
+    let a = Job::spawn(lw, Marks::new(sb, "a"), true);
+    let (child, token) = (a.child(), a.token());
+    (a, child, token)
+}
+
 /// `job` once it says it waits for the lease; its child has not run.
 #[track_caller]
 fn waiting(job: Job) -> Job {
@@ -91,8 +100,7 @@ fn a_holder_rides_out_a_database_restarted_within_l_and_keeps_its_token() {
     let p = place_on(&pg, "restart");
     let sb = Sandbox::new();
     let lw = p.job_with_ttl(&p.url(), RESTART_TTL);
-    let mut a = Job::spawn(lw, Marks::new(&sb, "a"), true);
-    let (child, token) = (a.child(), a.token());
+    let (a, child, token) = beating_holder(lw, &sb);
     a_renewal(&p);
     let stopped = Instant::now();
     pg.stop("fast");
@@ -112,8 +120,7 @@ fn a_holder_rides_out_a_database_restarted_within_l_and_keeps_its_token() {
         outage.as_secs_f64() * 1e3,
         renewed.as_secs_f64() * 1e3
     );
-    a.release();
-    a.finish_with(0);
+    a.finish();
     assert!(p.row().ends_with(&format!("|{token}|false")), "{}", p.row());
 }
 
@@ -123,10 +130,9 @@ fn a_database_down_longer_than_l_kills_the_holder_s_child_by_d_and_a_waiter_take
     let pg = Postgres::start();
     let p = place_on(&pg, "down");
     let sb = Sandbox::new();
-    let mut a = Job::spawn(p.job(&p.url()), Marks::new(&sb, "a"), true);
-    let (child, token) = (a.child(), a.token());
+    let (mut a, child, token) = beating_holder(p.job(&p.url()), &sb);
     let lw = p.job(&p.url()).args(&["--dial-timeout", "1s"]);
-    let mut b = waiting(Job::spawn(lw, Marks::new(&sb, "b"), false));
+    let b = waiting(Job::spawn(lw, Marks::new(&sb, "b"), false));
     a_renewal(&p);
     pg.stop("immediate");
     // Every renewal that succeeded was sent before now: D is at most D_AFTER_RENEWAL ahead.
@@ -151,8 +157,7 @@ fn a_database_down_longer_than_l_kills_the_holder_s_child_by_d_and_a_waiter_take
         dead.as_secs_f64() * 1e3,
         ms(b_start - back_ns)
     );
-    b.release();
-    b.finish_with(0);
+    b.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,18 +190,12 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
     assert_exit(&p.job(&p.url()).shell("exit 0").output(), 0);
     let session = lock_the_row(&p, &sb);
     let ran = sb.path("ran");
-    let started = Instant::now();
-    let out = p
-        .quiet(&p.url())
-        .args(&["-w", "1s"])
-        .shell(&format!("touch {}", q(&ran)))
-        .output();
-    let waited = started.elapsed();
+    let (out, waited) = wait_one_second(p.quiet(&p.url()), &ran);
     assert_exit(&out, 69);
     assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
     assert!(waited < TTL, "-w 1s took {waited:?}");
     assert!(!ran.exists());
-    let mut b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
+    let b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
     wait_until(STARTUP, "the waiter's take to time out", || {
         b.run.stderr().contains("taking the lease failed")
     });
@@ -210,16 +209,14 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
     // The token after the first run's: the run that gave up left no take to commit later.
     assert_eq!(b.token(), 2, "{}", p.row());
     assert!(took < ms(TTL.as_nanos() as i128), "B took {took:.0} ms");
-    b.release();
-    b.finish_with(0);
+    b.finish();
 }
 
 #[test]
 fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by_d_and_exits_124() {
     let p = place("renew_lock");
     let sb = Sandbox::new();
-    let mut a = Job::spawn(p.job(&p.url()), Marks::new(&sb, "a"), true);
-    let (child, token) = (a.child(), a.token());
+    let (mut a, child, token) = beating_holder(p.job(&p.url()), &sb);
     a_renewal(&p);
     let session = lock_the_row(&p, &sb);
     // No renewal sent from now on can succeed: D is at most D_AFTER_RENEWAL ahead.
@@ -317,15 +314,14 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
     a.finish_with(0);
     assert_eq!(b.token(), a.token() + 1);
     let behind = [("FAKETIME", "-5h"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
-    let mut c = waiting(unfaked_job(faked(p.job(&p.url()), &behind), &sb, "c"));
+    let c = waiting(unfaked_job(faked(p.job(&p.url()), &behind), &sb, "c"));
     assert_faked(&c);
     let waited = sigkill_and_time_the_takeover(b, &c);
     eprintln!(
         "wall clocks 5 h apart and stepped: handover {handover:.1} ms; C took over {waited:.0} ms after B was SIGKILLed (L {TTL:?})"
     );
     assert!(handover > 0.0 && handover < ms(TTL.as_nanos() as i128) / 2.0);
-    c.release();
-    c.finish_with(0);
+    c.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,9 +335,8 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
 fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_again() {
     let p = place("paused_waiter");
     let sb = Sandbox::new();
-    let mut a = Job::spawn(p.job(&p.url()), Marks::new(&sb, "a"), true);
-    let a_child = a.child();
-    let mut b = waiting(Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false));
+    let (mut a, a_child, a_token) = beating_holder(p.job(&p.url()), &sb);
+    let b = waiting(Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false));
     let b_pid = b.run.pid();
     let _resume = ContinueOnDrop(Stopped::Leasewrap, b_pid);
     Stopped::Leasewrap
@@ -374,7 +369,6 @@ fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_aga
         "B took over {waited:.0} ms after it resumed, less than L"
     );
     assert!(waited < ms(TAKEOVER_BOUND.as_nanos() as i128));
-    assert_eq!(b.token(), a.token() + 1);
-    b.release();
-    b.finish_with(0);
+    assert_eq!(b.token(), a_token + 1);
+    b.finish();
 }
