@@ -19,6 +19,7 @@ use crate::etcd::{
     keep_fault_until, last_beat_ns, ms, now_ns, read_ns, ContinueOnDrop, Stopped, TAKEOVER_BOUND,
     TTL,
 };
+use crate::fence::{hours_off, json_timestamp};
 use crate::postgres::{pg, session_holding};
 use crate::support::postgres::Postgres;
 use crate::support::*;
@@ -254,20 +255,31 @@ fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by
 // ---------------------------------------------------------------------------------------------
 // Wall clocks hours off, and stepped.
 
-/// `lw` with its wall clock faked by libfaketime as `env` says; the child's own clock is the
-/// real one (`date` in `Marks` stamps the test's clock).
+/// `lw` with its wall clock faked by libfaketime as `env` says, logging JSON (its timestamps
+/// show that clock).
 fn faked(lw: Leasewrap, env: &[(&str, &str)]) -> Leasewrap {
     assert!(
         Path::new(LIBFAKETIME_MT).is_file(),
         "{LIBFAKETIME_MT} is needed (Debian package faketime; scripts/test.sh installs it)"
     );
-    env.iter()
-        .fold(lw.env("LD_PRELOAD", LIBFAKETIME_MT), |lw, (k, v)| {
-            lw.env(k, v)
-        })
+    let lw = lw
+        .args(&["--log-format", "json"])
+        .env("LD_PRELOAD", LIBFAKETIME_MT);
+    env.iter().fold(lw, |lw, (k, v)| lw.env(k, v))
 }
 
-/// A job whose child runs without libfaketime, so that its marks are on the real clock.
+/// The log line of `job` that holds `message` is stamped `hours` off the real wall clock.
+#[track_caller]
+fn assert_logged_hours_off(job: &Job, message: &str, hours: i64) {
+    let log = job.run.stderr();
+    let line = log.lines().find(|l| l.contains(message));
+    let stamp = line.and_then(json_timestamp);
+    let stamp = stamp.unwrap_or_else(|| panic!("no {message:?} line with a timestamp in {log}"));
+    assert_eq!(hours_off(stamp), hours, "{message:?} in {log}");
+}
+
+/// A job whose child runs without libfaketime, so that its marks (`date`) are on the real
+/// clock.
 fn unfaked_job(lw: Leasewrap, sb: &Sandbox, label: &str) -> Job {
     let marks = Marks::new(sb, label);
     let script = format!("unset LD_PRELOAD; {}", marks.script(false));
@@ -316,6 +328,10 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
     let behind = [("FAKETIME", "-5h"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
     let c = waiting(unfaked_job(faked(p.job(&p.url()), &behind), &sb, "c"));
     assert_faked(&c);
+    assert_logged_hours_off(&a, "acquired", 0);
+    assert_logged_hours_off(&a, "released", 5);
+    assert_logged_hours_off(&b, "waiting for the lease", 5);
+    assert_logged_hours_off(&c, "waiting for the lease", -5);
     let waited = sigkill_and_time_the_takeover(b, &c);
     eprintln!(
         "wall clocks 5 h apart and stepped: handover {handover:.1} ms; C took over {waited:.0} ms after B was SIGKILLed (L {TTL:?})"
