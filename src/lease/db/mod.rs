@@ -240,7 +240,9 @@ impl Db {
 
     /// The take's statement, bounded by L/3. One not answered in time, or whose wait is
     /// abandoned meanwhile, is cancelled: queued behind another session's lock on the row, it
-    /// would commit once the lock goes, holding the row for no one for `L`.
+    /// would commit once the lock goes, holding the row for no one for `L`. After a cancel its
+    /// own answer, within the dial timeout, says whether it committed first (the row is then
+    /// ours, from its send) or was cancelled.
     async fn take_within(
         &mut self,
         conn: &mut Conn,
@@ -250,14 +252,21 @@ impl Db {
     ) -> Result<Option<u64>, Error> {
         let (ttl, bound) = (self.params.ttl, self.params.ttl / 3);
         self.cancel = Some(conn.cancel());
-        let answer = tokio::time::timeout(bound, conn.take(name, seen, ttl, record)).await;
+        let mut taking = conn.take(name, seen, ttl, record);
+        let answer = tokio::time::timeout(bound, &mut taking).await;
         let cancel = self.cancel.take();
-        match answer {
-            Ok(answer) => answer,
-            Err(_) => {
-                cancel_within(&self.cfg, cancel).await;
-                Err(no_answer(&self.cfg, bound))
+        if let Ok(answer) = answer {
+            return answer;
+        }
+        let late = async move {
+            if let Some(cancel) = cancel {
+                cancel.await;
             }
+            taking.await
+        };
+        match tokio::time::timeout(self.cfg.dial_timeout, late).await {
+            Ok(Ok(taken)) => Ok(taken),
+            _ => Err(no_answer(&self.cfg, bound)),
         }
     }
 
