@@ -34,6 +34,11 @@ const SEEN_WITHIN: Duration = Duration::from_millis(50);
 /// The multi-threaded libfaketime (Debian package faketime).
 const LIBFAKETIME_MT: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
+/// A place of the test's own on the shared server, and a sandbox for its jobs' marks.
+fn fresh(label: &str) -> (Place<'static>, Sandbox) {
+    (place(label), Sandbox::new())
+}
+
 /// The row's version, from `Place::row`'s `version|token|held`.
 #[track_caller]
 fn version(p: &Place) -> u64 {
@@ -186,8 +191,7 @@ fn unlock(sb: &Sandbox, session: thread::JoinHandle<Output>) -> i128 {
 
 #[test]
 fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_lock_goes() {
-    let p = place("row_lock");
-    let sb = Sandbox::new();
+    let (p, sb) = fresh("row_lock");
     assert_exit(&p.job(&p.url()).shell("exit 0").output(), 0);
     let session = lock_the_row(&p, &sb);
     let ran = sb.path("ran");
@@ -215,8 +219,7 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
 
 #[test]
 fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by_d_and_exits_124() {
-    let p = place("renew_lock");
-    let sb = Sandbox::new();
+    let (p, sb) = fresh("renew_lock");
     let (mut a, child, token) = beating_holder(p.job(&p.url()), &sb);
     a_renewal(&p);
     let session = lock_the_row(&p, &sb);
@@ -301,8 +304,7 @@ fn assert_faked(job: &Job) {
 /// SIGKILLed, is taken over by a waiter whose wall clock is 5 hours behind only after `L`.
 #[test]
 fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl() {
-    let p = place("wall_clocks");
-    let sb = Sandbox::new();
+    let (p, sb) = fresh("wall_clocks");
     let offset = sb.path("faketime-offset");
     std::fs::write(&offset, "+0\n").unwrap();
     let stepped = [
@@ -349,8 +351,7 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
 /// and count `L` from that read's answer.
 #[test]
 fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_again() {
-    let p = place("paused_waiter");
-    let sb = Sandbox::new();
+    let (p, sb) = fresh("paused_waiter");
     let (mut a, a_child, a_token) = beating_holder(p.job(&p.url()), &sb);
     let b = waiting(Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false));
     let b_pid = b.run.pid();
