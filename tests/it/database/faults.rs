@@ -60,11 +60,10 @@ fn next_version(p: &Place, after: u64, bound: Duration) -> u64 {
     now
 }
 
-/// Waits for the holder's next renewal to commit; returns the instant it was seen.
+/// Waits for the holder's next renewal to commit.
 #[track_caller]
-fn a_renewal(p: &Place) -> Instant {
+fn a_renewal(p: &Place) {
     next_version(p, version(p), TTL);
-    Instant::now()
 }
 
 /// Waits until `child` is dead; how long after `from` it was seen dead.
@@ -200,6 +199,12 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
     assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
     assert!(waited < TTL, "-w 1s took {waited:?}");
     assert!(!ran.exists());
+    let started = Instant::now();
+    let out = p.quiet(&p.url()).args(&["-n"]).shell("exit 3").output();
+    assert_exit(&out, 69);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    let no_wait = started.elapsed();
+    assert!(no_wait < TTL, "-n took {no_wait:?}");
     let b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
     wait_until(STARTUP, "the waiter's take to time out", || {
         b.run.stderr().contains("taking the lease failed")
@@ -208,8 +213,9 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
     let unlocked = unlock(&sb, session);
     let took = ms(read_ns(&b.marks.start) - unlocked);
     eprintln!(
-        "a take behind a row lock: -w 1s exit 69 after {:.0} ms; the waiter's child started {took:.0} ms after the lock went",
-        waited.as_secs_f64() * 1e3
+        "a take behind a row lock: -w 1s exit 69 after {:.0} ms, -n exit 69 after {:.0} ms; the waiter's child started {took:.0} ms after the lock went",
+        waited.as_secs_f64() * 1e3,
+        no_wait.as_secs_f64() * 1e3
     );
     // The token after the first run's: the run that gave up left no take to commit later.
     assert_eq!(b.token(), 2, "{}", p.row());
@@ -245,7 +251,10 @@ fn a_holder_whose_renewal_waits_on_another_session_s_row_lock_loses_its_child_by
         dead.as_secs_f64() * 1e3,
         ms(unlocked - locked_ns)
     );
-    // What A left queued behind the lock commits now: the next run takes the row at once.
+    // What A left queued behind the lock commits now, its release last: the row is free.
+    wait_until(STARTUP, "A's queued release to commit", || {
+        p.row().ends_with(&format!("|{token}|false"))
+    });
     let next = p.job(&p.url()).args(&["-n"]).shell("exit 0").output();
     assert_exit(&next, 0);
     assert!(
