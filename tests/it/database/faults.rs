@@ -60,10 +60,10 @@ fn next_version(p: &Place, after: u64, bound: Duration) -> u64 {
     now
 }
 
-/// Waits for the holder's next renewal to commit.
+/// Waits for the holder's next renewal to commit (one comes every L/3).
 #[track_caller]
 fn a_renewal(p: &Place) {
-    next_version(p, version(p), TTL);
+    next_version(p, version(p), STARTUP);
 }
 
 /// Waits until `child` is dead; how long after `from` it was seen dead.
