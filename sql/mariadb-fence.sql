@@ -528,17 +528,24 @@ BEGIN
 END //
 
 -- Wait at most p_seconds for the holder of NAME to let its named lock go. released is 1 when it
--- did, 0 when nobody held it (then there is nothing to wait for: the caller polls) or the wait
--- ran out.
+-- did, or when the row's version is no longer p_seen (it changed since the caller's read: no
+-- release is missed between that read and this wait); 0 when nobody held the lock (then there is
+-- nothing to wait for: the caller polls) or the wait ran out. The lock is looked at before the
+-- version: a release in between shows as the version's change, or as a lock GET_LOCK gets at once.
 CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
 PROCEDURE leasewrap.lease_wait(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
-                               IN p_seconds DOUBLE)
-NO SQL
+                               IN p_seen BIGINT UNSIGNED, IN p_seconds DOUBLE)
+READS SQL DATA
 SQL SECURITY DEFINER
 BEGIN
     DECLARE hint VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('leasewrap:', MD5(p_name));
+    DECLARE held_by_someone BOOLEAN DEFAULT IS_FREE_LOCK(hint) = 0;
     DECLARE released INT DEFAULT 0;
-    IF IS_FREE_LOCK(hint) = 0 THEN
+    CALL leasewrap.lease_caller(p_name);
+    IF IFNULL((SELECT l.version FROM leasewrap.lease AS l
+               WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin), 0) <> p_seen THEN
+        SET released = 1;
+    ELSEIF held_by_someone THEN
         SET released = IFNULL(GET_LOCK(hint, LEAST(GREATEST(p_seconds, 0), 10)), 0);
         IF released = 1 THEN
             DO RELEASE_LOCK(hint);

@@ -6,7 +6,8 @@
 //!
 //! Every test has a database of its own on the one shared server (`postgres::shared`, on its
 //! socket and on loopback), with the SQL installed and a login role tied to the test's name.
-//! The same lease on MariaDB 10.11 is in `on_mariadb`.
+//! The same lease on MariaDB 10.11 is in `on_mariadb`; the faults of the database itself and of
+//! the hosts around it are in `faults`.
 
 /// The scenarios both servers play, as tests of the module that invokes it: each on a fresh
 /// `place(label)` of that module's; `$woken_by` is what wakes a waiter there.
@@ -36,8 +37,10 @@ macro_rules! scenarios {
     };
 }
 
+mod faults;
 mod on_mariadb;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -54,16 +57,20 @@ use crate::support::proxy::{Mode, Proxy};
 use crate::support::*;
 
 /// A test's database, the login role tied to its lease name, and the name.
-struct Place {
-    pg: &'static Postgres,
+struct Place<'a> {
+    pg: &'a Postgres,
     db: String,
     role: String,
     name: String,
 }
 
 /// A fresh database with the SQL installed and a role tied to its lease name.
-fn place(label: &str) -> Place {
-    let pg = postgres::shared();
+fn place(label: &str) -> Place<'static> {
+    place_on(postgres::shared(), label)
+}
+
+/// The same on `pg`, a server of the test's own.
+fn place_on<'a>(pg: &'a Postgres, label: &str) -> Place<'a> {
     let db = pg.database(&format!("lease_{label}"));
     install(pg, &db);
     let role = role(pg, &db, "job");
@@ -72,7 +79,7 @@ fn place(label: &str) -> Place {
     Place { pg, db, role, name }
 }
 
-impl Place {
+impl Place<'_> {
     /// The URL of the database over the server's socket, as `role`.
     fn url_as(&self, role: &str) -> String {
         let dir = self
@@ -104,8 +111,17 @@ impl Place {
 
     /// The same with the default logs: an error is its one line.
     fn quiet(&self, url: &str) -> Leasewrap {
+        self.quiet_with_ttl(url, TTL_ARG)
+    }
+
+    /// A leasewrap on the lease with `--ttl ttl` and debug logs.
+    fn job_with_ttl(&self, url: &str, ttl: &str) -> Leasewrap {
+        self.quiet_with_ttl(url, ttl).args(&["-vv"])
+    }
+
+    fn quiet_with_ttl(&self, url: &str, ttl: &str) -> Leasewrap {
         Leasewrap::new()
-            .args(&["--database", url, "--ttl", TTL_ARG])
+            .args(&["--database", url, "--ttl", ttl])
             .name(&self.name)
     }
 
@@ -153,7 +169,7 @@ pub(crate) trait Lease {
     fn server(&self) -> &'static str;
 }
 
-impl Lease for Place {
+impl Lease for Place<'_> {
     fn holder(&self) -> Leasewrap {
         self.job(&self.url())
     }
@@ -195,8 +211,9 @@ pub(crate) fn a_release_wakes_the_waiter(p: &impl Lease, by: &str) {
     );
     assert!(
         b.run.stderr().contains("woken by a release"),
-        "the waiter was not woken by {by}:\n{}",
-        b.run.stderr()
+        "the waiter was not woken by {by}:\n{}\nthe holder's log:\n{}",
+        b.run.stderr(),
+        a.run.stderr()
     );
     assert_eq!(b.token(), a.token() + 1);
     b.release();
@@ -206,22 +223,31 @@ pub(crate) fn a_release_wakes_the_waiter(p: &impl Lease, by: &str) {
 /// A SIGKILLed holder's row is taken over only `L` after its last renewal.
 pub(crate) fn a_sigkilled_holder_is_taken_over_only_l_after_its_last_renewal(p: &impl Lease) {
     let sb = Sandbox::new();
-    let mut a = Job::hold(p.holder(), &sb, "a");
-    let a_token = a.token();
+    let a = Job::hold(p.holder(), &sb, "a");
     let mut b = Job::spawn(p.holder(), Marks::new(&sb, "b"), false);
     wait_until(STARTUP, "the waiter to wait", || {
         b.run.stderr().contains("waiting for the lease")
     });
+    let waited = sigkill_and_time_the_takeover(a, &b);
+    eprintln!(
+        "{} SIGKILL: B's child started {waited:.0} ms after the kill (L {TTL:?})",
+        p.server()
+    );
+    b.release();
+    b.finish_with(0);
+}
+
+/// SIGKILLs the holder `a` (its child dies with it) and times the takeover of the waiter `b`
+/// from the kill: at least 2L/3, within `TAKEOVER_BOUND`, with the next token. The ms it took.
+#[track_caller]
+fn sigkill_and_time_the_takeover(mut a: Job, b: &Job) -> f64 {
+    let a_token = a.token();
     let killed_ns = now_ns();
     let a_child = a.child();
     a.run.kill(Signal::SIGKILL);
     assert_all_die_within(Duration::from_secs(1), &[("A's child", a_child)]);
     a.wait(STARTUP);
     let waited = ms(read_ns(&b.marks.start) - killed_ns);
-    eprintln!(
-        "{} SIGKILL: B's child started {waited:.0} ms after the kill (L {TTL:?})",
-        p.server()
-    );
     // A renewed at most L/3 before the kill; B counts L from a read after that renewal (on
     // MariaDB the named lock A's end lets go wakes B, which must not take the row then).
     let at_least = ms(TTL.as_nanos() as i128) * 2.0 / 3.0;
@@ -231,8 +257,7 @@ pub(crate) fn a_sigkilled_holder_is_taken_over_only_l_after_its_last_renewal(p: 
     );
     assert!(waited < ms(TAKEOVER_BOUND.as_nanos() as i128));
     assert_eq!(b.token(), a_token + 1);
-    b.release();
-    b.finish_with(0);
+    waited
 }
 
 /// A SIGSTOPped leasewrap's child dies by D (status 124 once resumed); the waiter takes over
@@ -311,13 +336,7 @@ fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() 
     let sb = Sandbox::new();
     let mut a = Job::hold(p.job(&p.url()), &sb, "a");
     let ran = sb.path("ran");
-    let started = Instant::now();
-    let out = p
-        .job(&p.url())
-        .args(&["-w", "1s"])
-        .shell(&format!("touch {}", q(&ran)))
-        .output();
-    let waited = started.elapsed();
+    let (out, waited) = wait_one_second(p.job(&p.url()), &ran);
     assert_exit(&out, 75);
     assert!(
         waited >= Duration::from_secs(1) && waited < TTL,
@@ -331,6 +350,16 @@ fn a_bounded_wait_on_a_held_lease_exits_75_after_the_wait_and_changes_nothing() 
     );
     a.release();
     a.finish_with(0);
+}
+
+/// A run of `lw` with `-w 1s` whose child would create `ran`: its output, and how long it took.
+fn wait_one_second(lw: Leasewrap, ran: &Path) -> (Output, Duration) {
+    let started = Instant::now();
+    let out = lw
+        .args(&["-w", "1s"])
+        .shell(&format!("touch {}", q(ran)))
+        .output();
+    (out, started.elapsed())
 }
 
 /// PgBouncer in transaction pooling mode keeps no session for a client: a waiter cannot count
@@ -377,7 +406,7 @@ fn through_pgbouncer_in_transaction_mode_the_waiter_polls_and_the_fence_takes_th
 }
 
 /// A holder connected directly, and a fault proxy to the same server for a waiter.
-fn held_and_a_proxy(label: &str) -> (Place, Sandbox, Proxy, String, Job) {
+fn held_and_a_proxy(label: &str) -> (Place<'static>, Sandbox, Proxy, String, Job) {
     let p = place(label);
     let sb = Sandbox::new();
     let proxy = Proxy::start(format!("127.0.0.1:{}", p.pg.port()).parse().unwrap());

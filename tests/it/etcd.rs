@@ -307,7 +307,7 @@ pub(crate) fn into_the_second_renewal_interval(job: &Job) {
 }
 
 /// Keeps a fault on until `until`: the fault's duration is the scenario, not a wait for calm.
-fn keep_fault_until(until: Instant) {
+pub(crate) fn keep_fault_until(until: Instant) {
     thread::sleep(until.saturating_duration_since(Instant::now()));
 }
 

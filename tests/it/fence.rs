@@ -952,7 +952,7 @@ fn create_revision(etcd: &Etcd, key: &str) -> Option<i64> {
 }
 
 /// Whole hours between `epoch_secs` and now, rounded: how far off a faked wall clock is.
-fn hours_off(epoch_secs: i64) -> i64 {
+pub(crate) fn hours_off(epoch_secs: i64) -> i64 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -961,7 +961,7 @@ fn hours_off(epoch_secs: i64) -> i64 {
 }
 
 /// The `timestamp` of a JSON log line ("2026-11-30T14:37:40.551977Z"), as seconds since the epoch.
-fn json_timestamp(line: &str) -> Option<i64> {
+pub(crate) fn json_timestamp(line: &str) -> Option<i64> {
     let json: serde_json::Value = serde_json::from_str(line).ok()?;
     let ts = json["timestamp"].as_str()?;
     let num = |range: std::ops::Range<usize>| ts.get(range)?.parse::<i64>().ok();

@@ -10,7 +10,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -45,8 +45,10 @@ pub struct Postgres {
     socket_dir: PathBuf,
     /// The port: the socket's name, and on loopback (`start_on_loopback`) the TCP port.
     port: u16,
-    /// The postmaster's pid, from postmaster.pid.
-    pid: i32,
+    /// The postmaster's pid, from postmaster.pid; a new one after `start_again`.
+    pid: AtomicI32,
+    /// What `pg_ctl start` was given, to start it again the same way.
+    options: String,
     /// Last, so it is removed only after the server is stopped.
     _dir: TempDir,
 }
@@ -56,8 +58,9 @@ pub struct Postgres {
 pub fn shared() -> &'static Postgres {
     static SHARED: OnceLock<Postgres> = OnceLock::new();
     dbserver::shared(&SHARED, &KIND, || {
+        // Never stopped and started again (`start_again`): the exit hook keeps this pid.
         let pg = Postgres::start_on_loopback();
-        let pid = pg.pid;
+        let pid = pg.pid.load(Ordering::SeqCst);
         (pg, pid)
     })
 }
@@ -85,27 +88,59 @@ impl Postgres {
         let dir = dbserver::scratch_dir(&KIND, runner);
         let data = dir.path().join("data");
         initdb(runner, &data);
-        let log = dir.path().join("server.log");
         let (listen, port) = tcp_port.map_or(("", 5432), |p| ("127.0.0.1", p));
         let options = format!(
             "-k {} -c listen_addresses='{listen}' -p {port} -c fsync=off",
             dir.path().display()
         );
-        let started = as_user(runner, Command::new(Path::new(BIN_DIR).join("pg_ctl")))
-            .args(["-w", "-t", "60", "-D"])
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-o", &options, "start"])
-            .output();
-        expect_success(&format!("pg_ctl start (log: {})", log.display()), started);
-        let pid = postmaster_pid(&data).expect("postmaster.pid names the server");
-        Postgres {
+        let pg = Postgres {
             socket_dir: dir.path().to_owned(),
             port,
-            pid,
+            pid: AtomicI32::new(0),
+            options,
             _dir: dir,
-        }
+        };
+        pg.start_again();
+        pg
+    }
+
+    /// `pg_ctl start` on the data dir, waiting until the server accepts connections.
+    #[track_caller]
+    pub fn start_again(&self) {
+        let log = self.socket_dir.join("server.log");
+        let mut start = self.pg_ctl();
+        start
+            .arg("-l")
+            .arg(&log)
+            .args(["-o", &self.options, "start"]);
+        let what = format!("pg_ctl start (log: {})", log.display());
+        expect_success(&what, start.output());
+        let pid = postmaster_pid(&self.socket_dir.join("data"));
+        self.pid.store(
+            pid.expect("postmaster.pid names the server"),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// `pg_ctl stop -m MODE` (`fast`: every session ended, a checkpoint; `immediate`: no
+    /// checkpoint, a crash recovery at the next start), waiting until the server is gone. Only
+    /// a server of the test's own: the shared one serves every test of the binary.
+    #[track_caller]
+    pub fn stop(&self, mode: &str) {
+        let mut stop = self.pg_ctl();
+        stop.args(["-m", mode, "stop"]);
+        expect_success(&format!("pg_ctl stop -m {mode}"), stop.output());
+    }
+
+    /// `pg_ctl -w` on the data dir, as the server's user.
+    fn pg_ctl(&self) -> Command {
+        let mut cmd = as_user(
+            user::other(),
+            Command::new(Path::new(BIN_DIR).join("pg_ctl")),
+        );
+        cmd.args(["-w", "-t", "60", "-D"])
+            .arg(self.socket_dir.join("data"));
+        cmd
     }
 
     /// The socket's directory.
@@ -202,7 +237,7 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        dbserver::stop(self.pid, KIND.stop);
+        dbserver::stop(self.pid.load(Ordering::SeqCst), KIND.stop);
     }
 }
 

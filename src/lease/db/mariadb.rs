@@ -20,6 +20,8 @@ use crate::lease::timing::KeySeen;
 /// A connection, and where it goes, for messages.
 pub struct My {
     conn: Conn,
+    /// How it was opened: a cancel opens another the same way.
+    opts: OptsBuilder,
     at: String,
 }
 
@@ -34,7 +36,8 @@ pub fn place(cfg: &DbConfig) -> String {
 /// Connect and log in within the dial timeout, and check the installed SQL's version.
 pub async fn connect(cfg: &DbConfig) -> Result<My, Error> {
     let at = place(cfg);
-    let opened = tokio::time::timeout(cfg.dial_timeout, Conn::new(options(cfg))).await;
+    let opts = options(cfg);
+    let opened = tokio::time::timeout(cfg.dial_timeout, Conn::new(opts.clone())).await;
     let conn = opened.map_err(|_| {
         Error::Unavailable(format!(
             "{at}: no answer within {} ms (is it MariaDB, and does it listen there? --dial-timeout, or connect_timeout in the URL, bound the wait)",
@@ -43,6 +46,7 @@ pub async fn connect(cfg: &DbConfig) -> Result<My, Error> {
     })?;
     let mut my = My {
         conn: conn.map_err(|e| failed(&at, &e))?,
+        opts,
         at,
     };
     check_sql(&mut my, cfg).await?;
@@ -213,12 +217,20 @@ impl Statements for My {
         })
     }
 
-    /// Wait on the holder's named lock; where nobody holds it, sleep out the nap (a poll).
-    fn pause<'a>(&'a mut self, name: &'a str, nap: Duration) -> SendBoxed<'a, Result<(), Error>> {
+    /// Wait on the holder's named lock, unless the row moved since `seen`; where nobody holds
+    /// the lock, sleep out the nap (a poll).
+    fn pause<'a>(
+        &'a mut self,
+        name: &'a str,
+        seen: u64,
+        nap: Duration,
+    ) -> SendBoxed<'a, Result<(), Error>> {
         Box::pin(async move {
             let started = Instant::now();
-            let params = vec![name.into(), nap.as_secs_f64().into()];
-            let row = self.call("CALL leasewrap.lease_wait(?, ?)", params).await?;
+            let params = vec![name.into(), seen.into(), nap.as_secs_f64().into()];
+            let row = self
+                .call("CALL leasewrap.lease_wait(?, ?, ?)", params)
+                .await?;
             let released = match row {
                 Some(r) => self.column::<i64>(&r, 0)? == 1,
                 None => false,
@@ -229,6 +241,22 @@ impl Statements for My {
                 tokio::time::sleep(nap.saturating_sub(started.elapsed())).await;
             }
             Ok(())
+        })
+    }
+
+    /// `KILL QUERY` of this connection's statement, from a connection of its own (a user may
+    /// end its own connections' statements).
+    fn cancel(&self) -> SendBoxed<'static, ()> {
+        let (opts, id, at) = (self.opts.clone(), self.conn.id(), self.at.clone());
+        Box::pin(async move {
+            let killed = async {
+                let mut other = Conn::new(opts).await?;
+                other.query_drop(format!("KILL QUERY {id}")).await?;
+                other.disconnect().await
+            };
+            if let Err(e) = killed.await {
+                tracing::debug!(error = %failed(&at, &e), "cancelling the statement failed");
+            }
         })
     }
 }

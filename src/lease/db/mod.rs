@@ -79,8 +79,15 @@ pub trait Statements: Send {
     fn renew<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<Renewal, Error>>;
     fn release<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<(), Error>>;
     /// A waiter's pause of `nap` at most: over early when the server hints that NAME was
-    /// released.
-    fn pause<'a>(&'a mut self, name: &'a str, nap: Duration) -> SendBoxed<'a, Result<(), Error>>;
+    /// released since a read found it at version `seen`.
+    fn pause<'a>(
+        &'a mut self,
+        name: &'a str,
+        seen: u64,
+        nap: Duration,
+    ) -> SendBoxed<'a, Result<(), Error>>;
+    /// Ask the server, over a connection of its own, to cancel the statement in flight here.
+    fn cancel(&self) -> SendBoxed<'static, ()>;
 }
 
 type Conn = Box<dyn Statements>;
@@ -106,9 +113,11 @@ pub struct Db {
     cfg: DbConfig,
     params: Params,
     conn: Option<Conn>,
-    /// Why the last read failed, while a waiter rides out a database that does not answer: a
-    /// wait that runs out then is 69, not 75.
+    /// Why the last read or take failed, while a waiter rides out a database that does not
+    /// answer: a wait that runs out then is 69, not 75.
     unavailable: Option<String>,
+    /// The cancel of the take in flight, for a wait abandoned meanwhile.
+    cancel: Option<SendBoxed<'static, ()>>,
 }
 
 impl Db {
@@ -121,6 +130,7 @@ impl Db {
             params,
             conn: Some(conn),
             unavailable: None,
+            cancel: None,
         })
     }
 
@@ -135,15 +145,16 @@ impl Db {
     /// that renews nothing for `L` is taken over, as by a waiter.
     async fn acquire(&mut self, name: &str, record: &str, block: bool) -> Result<DbHeld, Error> {
         let mut watch = Watch::new();
-        let (mut first, mut told) = (None, false);
+        let (mut first, mut told, mut version) = (None, false, 0);
         loop {
             if let Some(seen) = watch.may_take(BootInstant::now()) {
                 match self.take(name, seen, record).await {
                     Ok(Some(held)) => return Ok(held),
-                    Ok(None) => {}
+                    Ok(None) => self.unavailable = None,
                     // A take not answered in time may still commit: read the row again.
-                    Err(e) if block && matches!(e, Error::Unavailable(_)) => {
-                        tracing::debug!(error = %e, "taking the lease failed; reading it again");
+                    Err(Error::Unavailable(why)) if block => {
+                        tracing::debug!(error = %why, "taking the lease failed; reading it again");
+                        self.unavailable = Some(why);
                     }
                     Err(e) => return Err(e),
                 }
@@ -154,11 +165,12 @@ impl Db {
                 if block && !std::mem::replace(&mut told, true) {
                     tracing::info!(name = %name, "waiting for the lease");
                 }
-                self.wait(name, at).await;
+                self.wait(name, version, at).await;
             }
             let Some(row) = self.read(name, &mut watch, block).await? else {
                 continue;
             };
+            version = row.version;
             if !block && row.held && *first.get_or_insert(row.version) != row.version {
                 return Err(Error::Busy { name: name.into() });
             }
@@ -184,7 +196,11 @@ impl Db {
         };
         match answer {
             Ok(row) => {
-                self.unavailable = None;
+                // A free row stays unavailable while no take of it is answered (another
+                // session's lock on the row): a wait that runs out then is 69, not 75.
+                if row.held {
+                    self.unavailable = None;
+                }
                 watch.read(sent, BootInstant::now(), row.seen());
                 Ok(Some(row))
             }
@@ -200,13 +216,13 @@ impl Db {
 
     /// Sleep until `at`, the next poll, or a wake-up, whichever comes first. A pause that
     /// fails drops the connection: the next read opens another.
-    async fn wait(&mut self, name: &str, at: BootInstant) {
+    async fn wait(&mut self, name: &str, seen: u64, at: BootInstant) {
         let nap = BootInstant::now().until(at).min(self.poll_every());
         let Some(mut conn) = self.conn.take() else {
             return tokio::time::sleep(nap).await;
         };
         let within = nap + self.cfg.dial_timeout;
-        match bounded(&self.cfg, within, conn.pause(name, nap)).await {
+        match bounded(&self.cfg, within, conn.pause(name, seen, nap)).await {
             Ok(()) => self.conn = Some(conn),
             Err(e) => tracing::debug!(error = %e, "waiting for a release failed"),
         }
@@ -214,10 +230,9 @@ impl Db {
 
     /// The compare-and-set on `seen`; on success the lease is ours from the take's send.
     async fn take(&mut self, name: &str, seen: u64, record: &str) -> Result<Option<DbHeld>, Error> {
-        let (ttl, bound) = (self.params.ttl, self.params.ttl / 3);
         let mut conn = self.open().await?;
         let t_send = BootInstant::now();
-        let token = match bounded(&self.cfg, bound, conn.take(name, seen, ttl, record)).await? {
+        let token = match self.take_within(&mut conn, name, seen, record).await? {
             Some(token) => token,
             None => {
                 self.conn = Some(conn);
@@ -246,6 +261,38 @@ impl Db {
         }))
     }
 
+    /// The take's statement, bounded by L/3. One not answered in time, or whose wait is
+    /// abandoned meanwhile, is cancelled: queued behind another session's lock on the row, it
+    /// would commit once the lock goes, holding the row for no one for `L`. After a cancel its
+    /// own answer, within the dial timeout, says whether it committed first (the row is then
+    /// ours, from its send) or was cancelled.
+    async fn take_within(
+        &mut self,
+        conn: &mut Conn,
+        name: &str,
+        seen: u64,
+        record: &str,
+    ) -> Result<Option<u64>, Error> {
+        let (ttl, bound) = (self.params.ttl, self.params.ttl / 3);
+        self.cancel = Some(conn.cancel());
+        let mut taking = conn.take(name, seen, ttl, record);
+        let answer = tokio::time::timeout(bound, &mut taking).await;
+        let cancel = self.cancel.take();
+        if let Ok(answer) = answer {
+            return answer;
+        }
+        let late = async move {
+            if let Some(cancel) = cancel {
+                cancel.await;
+            }
+            taking.await
+        };
+        match tokio::time::timeout(self.cfg.dial_timeout, late).await {
+            Ok(Ok(taken)) => Ok(taken),
+            _ => Err(no_answer(&self.cfg, bound)),
+        }
+    }
+
     /// The connection, opened again if a failure dropped it.
     async fn open(&mut self) -> Result<Conn, Error> {
         match self.conn.take() {
@@ -263,11 +310,28 @@ async fn bounded<T>(
 ) -> Result<T, Error> {
     match tokio::time::timeout(within, answer).await {
         Ok(answer) => answer,
-        Err(_) => Err(Error::Unavailable(format!(
-            "{}: no answer within {} ms",
-            place(cfg),
-            within.as_millis()
-        ))),
+        Err(_) => Err(no_answer(cfg, within)),
+    }
+}
+
+/// A statement not answered `within`: 69.
+fn no_answer(cfg: &DbConfig, within: Duration) -> Error {
+    Error::Unavailable(format!(
+        "{}: no answer within {} ms",
+        place(cfg),
+        within.as_millis()
+    ))
+}
+
+/// Sends `cancel`, if there is one, for at most the dial timeout.
+async fn cancel_within(cfg: &DbConfig, cancel: Option<SendBoxed<'static, ()>>) {
+    if let Some(cancel) = cancel {
+        if tokio::time::timeout(cfg.dial_timeout, cancel)
+            .await
+            .is_err()
+        {
+            tracing::debug!("cancelling the take got no answer in time");
+        }
     }
 }
 
@@ -307,6 +371,10 @@ impl backend::Lessor for Db {
                 Box::new(held),
             ))
         })
+    }
+
+    fn abandon(&mut self) -> Boxed<'_, ()> {
+        Box::pin(async move { cancel_within(&self.cfg, self.cancel.take()).await })
     }
 
     fn unavailable(&self) -> Option<Error> {

@@ -28,7 +28,12 @@ pub struct Pg {
     driver: tokio::task::JoinHandle<()>,
     /// Where, for messages.
     at: String,
+    /// Sends a cancel request for the statement in flight.
+    canceller: Canceller,
 }
+
+/// A cancel request for one connection's statement in flight, over the same TLS as its own.
+type Canceller = Arc<dyn Fn() -> SendBoxed<'static, ()> + Send + Sync>;
 
 impl Drop for Pg {
     fn drop(&mut self) {
@@ -95,12 +100,21 @@ async fn open(cfg: &DbConfig, at: &str) -> Result<Pg, Error> {
 /// Log in over `tls` and start the connection's driver.
 async fn start<T>(pc: &tokio_postgres::Config, tls: T, at: &str) -> Result<Pg, Error>
 where
-    T: MakeTlsConnect<Socket> + Send + 'static,
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
     T::Stream: Send + 'static,
     T::TlsConnect: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    let (client, mut connection) = pc.connect(tls).await.map_err(|e| failed(at, &e))?;
+    let (client, mut connection) = pc.connect(tls.clone()).await.map_err(|e| failed(at, &e))?;
+    let token = client.cancel_token();
+    let canceller: Canceller = Arc::new(move || {
+        let (token, tls) = (token.clone(), tls.clone());
+        Box::pin(async move {
+            if let Err(e) = token.cancel_query(tls).await {
+                tracing::debug!(error = %e, "the cancel request failed");
+            }
+        })
+    });
     let (tx, woken) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         // Until the client is dropped (None) or the connection fails.
@@ -115,6 +129,7 @@ where
         woken,
         driver,
         at: at.to_owned(),
+        canceller,
     })
 }
 
@@ -269,7 +284,12 @@ impl Statements for Pg {
     }
 
     /// The nap, over early at a release's notification.
-    fn pause<'a>(&'a mut self, _name: &'a str, nap: Duration) -> SendBoxed<'a, Result<(), Error>> {
+    fn pause<'a>(
+        &'a mut self,
+        _name: &'a str,
+        _seen: u64,
+        nap: Duration,
+    ) -> SendBoxed<'a, Result<(), Error>> {
         Box::pin(async move {
             let woken = async {
                 if self.woken.recv().await.is_none() {
@@ -285,6 +305,10 @@ impl Statements for Pg {
             }
             Ok(())
         })
+    }
+
+    fn cancel(&self) -> SendBoxed<'static, ()> {
+        (self.canceller)()
     }
 }
 
