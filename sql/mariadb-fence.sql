@@ -442,6 +442,9 @@ MODIFIES SQL DATA
 SQL SECURITY DEFINER
 BEGIN
     DECLARE taken BIGINT UNSIGNED;
+    -- Another session's lock on the row is waited for 1 s at most (error 1205 then): a take
+    -- that leasewrap gave up on cannot commit long after, for no one.
+    SET SESSION innodb_lock_wait_timeout = 1;
     CALL leasewrap.lease_caller(p_name);
     IF p_seen IS NULL OR p_ttl_ms IS NULL OR p_ttl_ms < 1000 OR p_ttl_ms > 315360000000
        OR p_holder IS NULL OR CHAR_LENGTH(p_holder) > 4096 THEN
@@ -482,6 +485,9 @@ PROCEDURE leasewrap.lease_renew(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE
 MODIFIES SQL DATA
 SQL SECURITY DEFINER
 BEGIN
+    -- Another session's lock on the row is waited for 1 s at most (error 1205 then): a take
+    -- that leasewrap gave up on cannot commit long after, for no one.
+    SET SESSION innodb_lock_wait_timeout = 1;
     CALL leasewrap.lease_caller(p_name);
     UPDATE leasewrap.lease AS l SET l.version = l.version + 1
         WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin AND l.token = p_token AND l.held;
@@ -504,6 +510,9 @@ SQL SECURITY DEFINER
 BEGIN
     DECLARE hint VARCHAR(64) CHARACTER SET ascii DEFAULT CONCAT('leasewrap:', MD5(p_name));
     DECLARE released BOOLEAN;
+    -- Another session's lock on the row is waited for 1 s at most (error 1205 then): a take
+    -- that leasewrap gave up on cannot commit long after, for no one.
+    SET SESSION innodb_lock_wait_timeout = 1;
     CALL leasewrap.lease_caller(p_name);
     UPDATE leasewrap.lease AS l SET l.version = l.version + 1, l.held = FALSE
         WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin AND l.token = p_token AND l.held;

@@ -167,6 +167,10 @@ pub(crate) trait Lease {
     fn lease_name(&self) -> &str;
     /// Which server, for the figures printed.
     fn server(&self) -> &'static str;
+    /// A leasewrap on the lease with the default logs: an error is its one line.
+    fn quiet_run(&self) -> Leasewrap;
+    /// The lease's row: `version|token|held`.
+    fn lease_row(&self) -> String;
 }
 
 impl Lease for Place<'_> {
@@ -184,6 +188,14 @@ impl Lease for Place<'_> {
 
     fn server(&self) -> &'static str {
         "PostgreSQL"
+    }
+
+    fn quiet_run(&self) -> Leasewrap {
+        self.quiet(&self.url())
+    }
+
+    fn lease_row(&self) -> String {
+        self.row()
     }
 }
 

@@ -203,7 +203,7 @@ fn mariadbd(runner: User, dir: &Path, data: &Path, socket: &Path) -> Child {
 }
 
 /// A command's program and arguments as one shell line (they hold no quote here).
-fn shell_words(cmd: &Command) -> String {
+pub fn shell_words(cmd: &Command) -> String {
     let words = std::iter::once(cmd.get_program()).chain(cmd.get_args());
     words
         .map(|w| format!("'{}'", w.to_string_lossy()))

@@ -20,8 +20,6 @@ use crate::lease::timing::KeySeen;
 /// A connection, and where it goes, for messages.
 pub struct My {
     conn: Conn,
-    /// How it was opened: a cancel opens another the same way.
-    opts: OptsBuilder,
     at: String,
 }
 
@@ -36,8 +34,7 @@ pub fn place(cfg: &DbConfig) -> String {
 /// Connect and log in within the dial timeout, and check the installed SQL's version.
 pub async fn connect(cfg: &DbConfig) -> Result<My, Error> {
     let at = place(cfg);
-    let opts = options(cfg);
-    let opened = tokio::time::timeout(cfg.dial_timeout, Conn::new(opts.clone())).await;
+    let opened = tokio::time::timeout(cfg.dial_timeout, Conn::new(options(cfg))).await;
     let conn = opened.map_err(|_| {
         Error::Unavailable(format!(
             "{at}: no answer within {} ms (is it MariaDB, and does it listen there? --dial-timeout, or connect_timeout in the URL, bound the wait)",
@@ -46,7 +43,6 @@ pub async fn connect(cfg: &DbConfig) -> Result<My, Error> {
     })?;
     let mut my = My {
         conn: conn.map_err(|e| failed(&at, &e))?,
-        opts,
         at,
     };
     check_sql(&mut my, cfg).await?;
@@ -244,19 +240,11 @@ impl Statements for My {
         })
     }
 
-    /// `KILL QUERY` of this connection's statement, from a connection of its own (a user may
-    /// end its own connections' statements).
+    /// Nothing to send: the lease's procedures wait at most 1 s for a row lock
+    /// (innodb_lock_wait_timeout), so the server ends a take queued behind another session's
+    /// lock itself. (`KILL QUERY` would not do: the statement runs as the procedures' definer,
+    /// whose threads the user does not own.)
     fn cancel(&self) -> SendBoxed<'static, ()> {
-        let (opts, id, at) = (self.opts.clone(), self.conn.id(), self.at.clone());
-        Box::pin(async move {
-            let killed = async {
-                let mut other = Conn::new(opts).await?;
-                other.query_drop(format!("KILL QUERY {id}")).await?;
-                other.disconnect().await
-            };
-            if let Err(e) = killed.await {
-                tracing::debug!(error = %failed(&at, &e), "cancelling the statement failed");
-            }
-        })
+        Box::pin(std::future::ready(()))
     }
 }

@@ -281,6 +281,8 @@ impl Db {
         if let Ok(answer) = answer {
             return answer;
         }
+        // Unavailable from now on, even if a wait that runs out drops this before the answer.
+        self.unavailable = Some(no_answer(&self.cfg, bound).to_string());
         let late = async move {
             if let Some(cancel) = cancel {
                 cancel.await;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::{place, place_on, sigkill_and_time_the_takeover, wait_one_second, Place};
+use super::{place, place_on, sigkill_and_time_the_takeover, wait_one_second, Lease, Place};
 use crate::dbfence::wait_for_lock_wait;
 use crate::etcd::{
     keep_fault_until, last_beat_ns, ms, now_ns, read_ns, ContinueOnDrop, Stopped, TAKEOVER_BOUND,
@@ -180,7 +180,7 @@ fn lock_the_row(p: &Place<'static>, sb: &Sandbox) -> thread::JoinHandle<Output> 
 
 /// Ends `lock_the_row`'s transaction; the instant it was told to (it commits within 10 ms).
 #[track_caller]
-fn unlock(sb: &Sandbox, session: thread::JoinHandle<Output>) -> i128 {
+pub(crate) fn unlock(sb: &Sandbox, session: thread::JoinHandle<Output>) -> i128 {
     let told = now_ns();
     std::fs::File::create(sb.path("lock.go")).unwrap();
     let out = session.join().expect("the locking session");
@@ -191,34 +191,46 @@ fn unlock(sb: &Sandbox, session: thread::JoinHandle<Output>) -> i128 {
 #[test]
 fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_lock_goes() {
     let (p, sb) = fresh("row_lock");
-    assert_exit(&p.job(&p.url()).shell("exit 0").output(), 0);
-    let session = lock_the_row(&p, &sb);
+    a_take_behind_a_row_lock(&p, &sb, lock_the_row);
+}
+
+/// A run that took the lease once, then another session holding the row's lock (`lock`, which
+/// `unlock` ends): `-w 1s` and `-n` are 69 in one line within L, running nothing; a waiter
+/// takes the next token once the lock goes: the runs that gave up left no take to commit later.
+pub(crate) fn a_take_behind_a_row_lock<P: Lease>(
+    p: &P,
+    sb: &Sandbox,
+    lock: impl FnOnce(&P, &Sandbox) -> thread::JoinHandle<Output>,
+) {
+    assert_exit(&p.holder().shell("exit 0").output(), 0);
+    let session = lock(p, sb);
     let ran = sb.path("ran");
-    let (out, waited) = wait_one_second(p.quiet(&p.url()), &ran);
+    let (out, waited) = wait_one_second(p.quiet_run(), &ran);
     assert_exit(&out, 69);
     assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
     assert!(waited < TTL, "-w 1s took {waited:?}");
     assert!(!ran.exists());
     let started = Instant::now();
-    let out = p.quiet(&p.url()).args(&["-n"]).shell("exit 3").output();
+    let out = p.quiet_run().args(&["-n"]).shell("exit 3").output();
     assert_exit(&out, 69);
     assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
     let no_wait = started.elapsed();
     assert!(no_wait < TTL, "-n took {no_wait:?}");
-    let b = Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false);
+    let b = Job::spawn(p.holder(), Marks::new(sb, "b"), false);
     wait_until(STARTUP, "the waiter's take to time out", || {
         b.run.stderr().contains("taking the lease failed")
     });
     assert!(!b.marks.started(), "B ran while the row was locked");
-    let unlocked = unlock(&sb, session);
+    let unlocked = unlock(sb, session);
     let took = ms(read_ns(&b.marks.start) - unlocked);
     eprintln!(
-        "a take behind a row lock: -w 1s exit 69 after {:.0} ms, -n exit 69 after {:.0} ms; the waiter's child started {took:.0} ms after the lock went",
+        "a take behind a row lock ({}): -w 1s exit 69 after {:.0} ms, -n exit 69 after {:.0} ms; the waiter's child started {took:.0} ms after the lock went",
+        p.server(),
         waited.as_secs_f64() * 1e3,
         no_wait.as_secs_f64() * 1e3
     );
     // The token after the first run's: the run that gave up left no take to commit later.
-    assert_eq!(b.token(), 2, "{}", p.row());
+    assert_eq!(b.token(), 2, "{}", p.lease_row());
     assert!(took < ms(TTL.as_nanos() as i128), "B took {took:.0} ms");
     b.finish();
 }

@@ -121,6 +121,37 @@ impl Lease for Place {
     fn server(&self) -> &'static str {
         "MariaDB"
     }
+
+    fn quiet_run(&self) -> Leasewrap {
+        self.quiet(&self.url())
+    }
+
+    fn lease_row(&self) -> String {
+        self.row()
+    }
+}
+
+/// The lease's row locked by another session (root's: job users have no right on the table)
+/// until `faults::unlock`.
+fn lock_the_row(p: &Place, sb: &Sandbox) -> std::thread::JoinHandle<Output> {
+    let script = format!(
+        "START TRANSACTION;\nSELECT version FROM leasewrap.lease WHERE name = '{}' FOR UPDATE;\n{}\nCOMMIT;\n",
+        p.name,
+        crate::dbfence::wait_line(sb, "lock")
+    );
+    let mut cmd = std::process::Command::new("/bin/sh");
+    let client = crate::support::mariadb::shell_words(&p.server.client(None));
+    cmd.args(["-c", &format!("printf '%s\\n' \"$SCRIPT\" | {client}")])
+        .env("SCRIPT", script);
+    let session = std::thread::spawn(move || run_bounded(cmd, 4 * STARTUP));
+    wait_for_file(&sb.path("lock.paused"), STARTUP);
+    session
+}
+
+#[test]
+fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_lock_goes() {
+    let p = place("row_lock");
+    super::faults::a_take_behind_a_row_lock(&p, &Sandbox::new(), lock_the_row);
 }
 
 scenarios!("the holder's named lock");
