@@ -52,7 +52,7 @@ use report::Figure;
 type Measure = fn(&mut Bench) -> Figure;
 
 /// The figures by number, as `--only` names them.
-const FIGURES: [(u32, &str, Measure); 12] = [
+const FIGURES: [(u32, &str, Measure); 13] = [
     (1, "-- true on etcd", figure::true_etcd::figure),
     (
         2,
@@ -73,6 +73,7 @@ const FIGURES: [(u32, &str, Measure); 12] = [
     (10, "the database fence", figure::fence_sql::figure),
     (11, "the ZooKeeper backend", figure::zookeeper::figure),
     (12, "the paused leader", figure::paused::figure),
+    (13, "the database lease", figure::database::figure),
 ];
 
 struct Options {

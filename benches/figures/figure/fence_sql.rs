@@ -114,13 +114,14 @@ fn script(bench: &Bench, name: &str, text: &str) -> PathBuf {
     path
 }
 
-struct Pg {
-    pg: Postgres,
-    db: String,
+pub struct Pg {
+    pub pg: Postgres,
+    pub db: String,
 }
 
 impl Pg {
-    fn start() -> Pg {
+    /// A server of the bench's own, the fence installed, and `bench_job` tied to `bench`.
+    pub fn start() -> Pg {
         let pg = Postgres::start();
         let db = pg.database("bench");
         let fence = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/postgres-fence.sql");
@@ -161,13 +162,14 @@ impl Server for Pg {
     }
 }
 
-struct Maria {
-    server: Mariadb,
+pub struct Maria {
+    pub server: Mariadb,
     db: String,
 }
 
 impl Maria {
-    fn start() -> Maria {
+    /// The same on MariaDB.
+    pub fn start() -> Maria {
         let server = Mariadb::start();
         let fence = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/mariadb-fence.sql");
         let installed = server.run_file(None, &fence);

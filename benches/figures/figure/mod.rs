@@ -1,5 +1,6 @@
 //! One module per figure; each returns its rows and notes and prints nothing.
 
+pub mod database;
 pub mod fence_sql;
 pub mod handover;
 pub mod many;
