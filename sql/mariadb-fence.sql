@@ -89,14 +89,15 @@ BEGIN NOT ATOMIC
         -- inside every fence), and what would run as the fence's definer elsewhere.
         SELECT GROUP_CONCAT(what ORDER BY what SEPARATOR '; ') INTO refused FROM (
             SELECT CONCAT('table leasewrap.', TABLE_NAME) AS what FROM information_schema.TABLES
-                WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME NOT IN ('fence', 'allowed', 'installed', 'lease')
+                WHERE TABLE_SCHEMA = 'leasewrap' AND TABLE_NAME NOT IN ('fence', 'allowed', 'installed', 'lease', 'run')
             UNION ALL
             SELECT CONCAT(LOWER(ROUTINE_TYPE), ' ', ROUTINE_SCHEMA, '.', ROUTINE_NAME)
                 FROM information_schema.ROUTINES
                 WHERE (ROUTINE_SCHEMA = 'leasewrap'
                        AND ROUTINE_NAME NOT IN ('fence', 'fences', 'allow', 'disallow', 'grant_fence', 'may_use',
                                             'covers', 'check_call', 'lease_caller', 'lease_sql', 'lease_read',
-                                            'lease_take', 'lease_renew', 'lease_release', 'lease_wait', 'lease_hint'))
+                                            'lease_take', 'lease_renew', 'lease_release', 'lease_wait', 'lease_hint',
+                                            'lease_run_read', 'lease_run_write', 'lease_runs'))
                    OR (ROUTINE_SCHEMA <> 'leasewrap' AND DEFINER = 'leasewrap_fence@localhost')
             UNION ALL
             SELECT CONCAT('trigger ', TRIGGER_SCHEMA, '.', TRIGGER_NAME) FROM information_schema.TRIGGERS
@@ -234,10 +235,22 @@ CREATE TABLE IF NOT EXISTS leasewrap.lease (
     CONSTRAINT lease_name_check CHECK (name REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z')
 ) ENGINE = InnoDB;
 
+-- The run records of --once and --once-per (SPEC §10): one row per (NAME, KEY), the record's
+-- JSON as leasewrap writes it. Written and deleted only by NAME's holder, under its token.
+CREATE TABLE IF NOT EXISTS leasewrap.run (
+    name VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    `key` VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    record TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    PRIMARY KEY (name, `key`),
+    CONSTRAINT run_name_check CHECK (name REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z'),
+    CONSTRAINT run_key_check CHECK (`key` REGEXP '^[A-Za-z0-9._@:+=-]{1,128}\\z')
+) ENGINE = InnoDB;
+
 -- The definer's rights: its own tables, nothing else.
 GRANT SELECT, INSERT, UPDATE ON leasewrap.fence TO 'leasewrap_fence'@'localhost';
 GRANT SELECT ON leasewrap.allowed TO 'leasewrap_fence'@'localhost';
 GRANT SELECT, INSERT, UPDATE ON leasewrap.lease TO 'leasewrap_fence'@'localhost';
+GRANT SELECT, INSERT, UPDATE, DELETE ON leasewrap.run TO 'leasewrap_fence'@'localhost';
 
 DELIMITER //
 
@@ -563,6 +576,65 @@ BEGIN
     SELECT released;
 END //
 
+-- The run record of (NAME, KEY): its JSON, or no row before its first run.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_run_read(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                                   IN p_key LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+READS SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    CALL leasewrap.lease_caller(p_name);
+    SELECT r.record FROM leasewrap.run AS r
+        WHERE r.name = CONVERT(p_name USING ascii) COLLATE ascii_bin
+          AND r.`key` = CONVERT(p_key USING ascii) COLLATE ascii_bin;
+END //
+
+-- Store (p_delete: delete) the run record of (NAME, KEY) while NAME is held under p_token: one
+-- transaction, the lease's row locked in share mode first, so that no take commits between the
+-- check and the write. written is FALSE, and nothing changed, for a stale holder.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_run_write(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                                    IN p_token BIGINT UNSIGNED,
+                                    IN p_key LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                                    IN p_record LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)
+MODIFIES SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE holds INT DEFAULT 0;
+    CALL leasewrap.lease_caller(p_name);
+    SET SESSION innodb_lock_wait_timeout = 1;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO holds FROM leasewrap.lease AS l
+        WHERE l.name = CONVERT(p_name USING ascii) COLLATE ascii_bin AND l.token = p_token AND l.held
+        LOCK IN SHARE MODE;
+    IF holds = 1 AND p_record IS NULL THEN
+        DELETE FROM leasewrap.run
+            WHERE name = CONVERT(p_name USING ascii) COLLATE ascii_bin
+              AND `key` = CONVERT(p_key USING ascii) COLLATE ascii_bin;
+    ELSEIF holds = 1 THEN
+        INSERT INTO leasewrap.run (name, `key`, record) VALUES (p_name, p_key, p_record)
+            ON DUPLICATE KEY UPDATE record = VALUES(record);
+    END IF;
+    COMMIT;
+    SELECT holds = 1 AS written;
+END //
+
+-- At most p_max of NAME's run records, by KEY: the last keys first (a --once-per slot's key is
+-- its time, so those are the newest), or the first (p_oldest_first: a sweep's).
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_runs(IN p_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+                               IN p_max INT, IN p_oldest_first BOOLEAN)
+READS SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE most INT DEFAULT GREATEST(LEAST(IFNULL(p_max, 0), 1000), 0);
+    CALL leasewrap.lease_caller(p_name);
+    SELECT r.`key`, r.record FROM leasewrap.run AS r
+        WHERE r.name = CONVERT(p_name USING ascii) COLLATE ascii_bin
+        ORDER BY IF(p_oldest_first, r.`key`, NULL) ASC, IF(p_oldest_first, NULL, r.`key`) DESC
+        LIMIT most;
+END //
+
 -- A definer must itself be allowed to run what it defines.
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_caller TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_hint TO 'leasewrap_fence'@'localhost' //
@@ -572,6 +644,9 @@ GRANT EXECUTE ON PROCEDURE leasewrap.lease_take TO 'leasewrap_fence'@'localhost'
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_renew TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_release TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_wait TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_run_read TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_run_write TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_runs TO 'leasewrap_fence'@'localhost' //
 
 -- Every account may ask which version is installed, so that leasewrap tells a server without
 -- the SQL (78) from a user tied to no name (77). Servers before MariaDB 10.11 have no PUBLIC:
@@ -652,7 +727,9 @@ BEGIN
         IF done THEN LEAVE each_account; END IF;
         FOR made IN (SELECT 'fence' AS name UNION ALL SELECT 'lease_sql' UNION ALL SELECT 'lease_read'
                      UNION ALL SELECT 'lease_take' UNION ALL SELECT 'lease_renew'
-                     UNION ALL SELECT 'lease_release' UNION ALL SELECT 'lease_wait') DO
+                     UNION ALL SELECT 'lease_release' UNION ALL SELECT 'lease_wait'
+                     UNION ALL SELECT 'lease_run_read' UNION ALL SELECT 'lease_run_write'
+                     UNION ALL SELECT 'lease_runs') DO
             EXECUTE IMMEDIATE CONCAT(IF(p_grant, 'GRANT', 'REVOKE'),
                 ' EXECUTE ON PROCEDURE leasewrap.', made.name, IF(p_grant, ' TO ', ' FROM '),
                 QUOTE(p_user), '@', QUOTE(host));

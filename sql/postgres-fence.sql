@@ -1,4 +1,4 @@
--- leasewrap's database fence and lease for PostgreSQL, version 4 (PostgreSQL 9.5 or later; tested with 15),
+-- leasewrap's database fence and lease for PostgreSQL, version 5 (PostgreSQL 9.5 or later; tested with 15),
 -- printed by `leasewrap fence-sql postgres` and installed as
 -- /usr/share/leasewrap/sql/postgres-fence.sql.
 --
@@ -70,6 +70,7 @@ INSERT INTO pg_temp.leasewrap_objects VALUES
     ('table', 'leasewrap_data.installed', NULL),
     ('table', 'leasewrap_data.objects', NULL),
     ('table', 'leasewrap_data.lease', NULL),
+    ('table', 'leasewrap_data.run', NULL),
     ('function', 'leasewrap.fence(text,text)', 'tied'),
     ('function', 'leasewrap.fence(text,numeric)', 'tied'),
     ('function', 'leasewrap.fences()', 'granted'),
@@ -78,6 +79,9 @@ INSERT INTO pg_temp.leasewrap_objects VALUES
     ('function', 'leasewrap.lease_take(text,bigint,bigint,text)', 'tied'),
     ('function', 'leasewrap.lease_renew(text,numeric)', 'tied'),
     ('function', 'leasewrap.lease_release(text,numeric)', 'tied'),
+    ('function', 'leasewrap.lease_run_read(text,text)', 'tied'),
+    ('function', 'leasewrap.lease_run_write(text,numeric,text,text)', 'tied'),
+    ('function', 'leasewrap.lease_runs(text,integer,boolean)', 'tied'),
     ('function', 'leasewrap_data.lease_check(text)', NULL),
     ('function', 'leasewrap.allow(regrole,text)', NULL),
     ('function', 'leasewrap.disallow(regrole,text)', NULL),
@@ -252,8 +256,8 @@ BEGIN
         EXECUTE format('SELECT max(version) FROM %s', coalesce(pg_catalog.to_regclass('leasewrap_data.installed'),
                                                              pg_catalog.to_regclass('leasewrap.installed')))
             INTO installed;
-        IF installed > 4 THEN
-            RAISE EXCEPTION 'leasewrap fence: version % is installed, and this script is version 4', installed
+        IF installed > 5 THEN
+            RAISE EXCEPTION 'leasewrap fence: version % is installed, and this script is version 5', installed
                 USING ERRCODE = '42710',
                       HINT = 'install the fence-sql of the leasewrap that made it, or a newer one';
         END IF;
@@ -360,6 +364,17 @@ CREATE TABLE IF NOT EXISTS leasewrap_data.lease (
     held boolean NOT NULL,
     ttl_ms bigint NOT NULL,
     holder text NOT NULL
+);
+
+-- The run records of --once and --once-per (SPEC §10): one row per (NAME, KEY), the record's
+-- JSON as leasewrap writes it. Written and deleted only by NAME's holder, under its token.
+CREATE TABLE IF NOT EXISTS leasewrap_data.run (
+    name text NOT NULL
+        CHECK (name OPERATOR(pg_catalog.~) '^[A-Za-z0-9._@:+=-]{1,128}$'::pg_catalog.text),
+    key text NOT NULL
+        CHECK (key OPERATOR(pg_catalog.~) '^[A-Za-z0-9._@:+=-]{1,128}$'::pg_catalog.text),
+    record text NOT NULL CHECK (pg_catalog.length(record) OPERATOR(pg_catalog.<=) 65536),
+    PRIMARY KEY (name, key)
 );
 
 -- The version installed.
@@ -578,7 +593,7 @@ LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $lease_sql$
-    SELECT 4;
+    SELECT 5;
 $lease_sql$;
 
 -- The row of NAME; a name never taken reads as version 0, free.
@@ -678,6 +693,69 @@ BEGIN
     RETURN FOUND;
 END;
 $lease_release$;
+
+-- The run record of (NAME, KEY): its JSON, or NULL before its first run.
+CREATE OR REPLACE FUNCTION leasewrap.lease_run_read(name text, key text)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_run_read$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_run_read.name);
+    RETURN (SELECT r.record FROM leasewrap_data.run AS r
+            WHERE r.name = lease_run_read.name AND r.key = lease_run_read.key);
+END;
+$lease_run_read$;
+
+-- Store the run record of (NAME, KEY), or delete it when RECORD is NULL (a sweep's: leasewrap
+-- judges it expired), while NAME is held under TOKEN: the lease's row is locked (FOR SHARE) for
+-- the statement, so no take commits between the check and the write. False, and nothing changed,
+-- for a stale holder.
+CREATE OR REPLACE FUNCTION leasewrap.lease_run_write(name text, token numeric, key text, record text)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_run_write$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_run_write.name);
+    PERFORM FROM leasewrap_data.lease AS l
+        WHERE l.name = lease_run_write.name AND l.token = lease_run_write.token AND l.held
+        FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN false;
+    ELSIF record IS NULL THEN
+        DELETE FROM leasewrap_data.run AS r
+            WHERE r.name = lease_run_write.name AND r.key = lease_run_write.key;
+    ELSE
+        INSERT INTO leasewrap_data.run AS r (name, key, record)
+            VALUES (lease_run_write.name, lease_run_write.key, lease_run_write.record)
+            ON CONFLICT ON CONSTRAINT run_pkey DO UPDATE SET record = EXCLUDED.record;
+    END IF;
+    RETURN true;
+END;
+$lease_run_write$;
+
+-- At most max_rows of NAME's run records, by KEY: the last keys first (a --once-per slot's key
+-- is its time, so those are the newest), or the first (a sweep's).
+CREATE OR REPLACE FUNCTION leasewrap.lease_runs(name text, max_rows integer, oldest_first boolean)
+RETURNS TABLE (key text, record text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_runs$
+BEGIN
+    PERFORM leasewrap_data.lease_check(lease_runs.name);
+    RETURN QUERY
+        SELECT r.key, r.record FROM leasewrap_data.run AS r WHERE r.name = lease_runs.name
+            ORDER BY CASE WHEN oldest_first THEN r.key END COLLATE "C" ASC,
+                     CASE WHEN NOT oldest_first THEN r.key END COLLATE "C" DESC
+            LIMIT greatest(least(max_rows, 1000), 0);
+END;
+$lease_runs$;
 
 -- Grants (or revokes) role what a tie gives it: the objects listed for 'tied' (USAGE on the
 -- schema leasewrap, EXECUTE on the fence). A role dropped since it was tied has nothing left to
@@ -956,6 +1034,6 @@ END;
 $ties$;
 
 DELETE FROM leasewrap_data.installed;
-INSERT INTO leasewrap_data.installed (version) VALUES (4);
+INSERT INTO leasewrap_data.installed (version) VALUES (5);
 
 COMMIT;

@@ -194,9 +194,6 @@ impl Config {
             max_runtime: max_runtime(args.max_runtime, effective.kill_after)?,
             metrics_file: metrics_file(args.metrics_file.as_deref())?,
         };
-        if let (Backend::Db(d), Some(_)) = (&cfg.backend, &cfg.once) {
-            return Err(crate::lease::db::no_records(d));
-        }
         warn_if_ahead_of_its_slot(args, now);
         Ok(cfg)
     }

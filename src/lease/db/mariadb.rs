@@ -247,4 +247,57 @@ impl Statements for My {
     fn cancel(&self) -> SendBoxed<'static, ()> {
         Box::pin(std::future::ready(()))
     }
+
+    fn run_read<'a>(
+        &'a mut self,
+        name: &'a str,
+        key: &'a str,
+    ) -> SendBoxed<'a, Result<Option<String>, Error>> {
+        Box::pin(async move {
+            let params = vec![name.into(), key.into()];
+            let row = self
+                .call("CALL leasewrap.lease_run_read(?, ?)", params)
+                .await?;
+            row.map(|r| self.column(&r, 0)).transpose()
+        })
+    }
+
+    /// One procedure both stores and (with a NULL record) deletes.
+    fn run_write<'a>(
+        &'a mut self,
+        name: &'a str,
+        token: u64,
+        key: &'a str,
+        record: Option<&'a str>,
+    ) -> SendBoxed<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let params = vec![name.into(), token.into(), key.into(), record.into()];
+            let row = self.call("CALL leasewrap.lease_run_write(?, ?, ?, ?)", params);
+            let row = row.await?.ok_or_else(|| self.odd())?;
+            Ok(self.column::<i64>(&row, 0)? == 1)
+        })
+    }
+
+    fn runs<'a>(
+        &'a mut self,
+        name: &'a str,
+        max: usize,
+        oldest_first: bool,
+    ) -> SendBoxed<'a, Result<Vec<(String, String)>, Error>> {
+        Box::pin(async move {
+            let params: Vec<mysql_async::Value> = vec![
+                name.into(),
+                (max.min(1000) as u64).into(),
+                oldest_first.into(),
+            ];
+            let rows: Vec<Row> = self
+                .conn
+                .exec("CALL leasewrap.lease_runs(?, ?, ?)", params)
+                .await
+                .map_err(|e| failed(&self.at, &e))?;
+            rows.iter()
+                .map(|r| Ok((self.column(r, 0)?, self.column(r, 1)?)))
+                .collect()
+        })
+    }
 }

@@ -2,6 +2,7 @@
 //!
 //! - [`postgres`]: one connection to PostgreSQL and the lease's statements on it;
 //! - [`mariadb`]: the same on MariaDB;
+//! - [`runs`]: the run records of `--once`, in the same database;
 //! - [`status`]: `leasewrap status` on the lease's row.
 //!
 //! This file ties them into taking and holding a lease by the rule of `timing::db`
@@ -12,6 +13,7 @@
 
 pub mod mariadb;
 pub mod postgres;
+pub mod runs;
 pub mod status;
 
 use std::future::Future;
@@ -32,7 +34,7 @@ use crate::error::Error;
 use crate::runs::{RunRecord, Written};
 
 /// The version of the installed SQL (`leasewrap fence-sql postgres`) this leasewrap needs.
-pub const SQL_VERSION: i32 = 4;
+pub const SQL_VERSION: i32 = 5;
 
 /// The version of the installed SQL (`leasewrap fence-sql mariadb`) this leasewrap needs.
 pub const SQL_VERSION_MARIADB: i32 = 3;
@@ -88,6 +90,28 @@ pub trait Statements: Send {
     ) -> SendBoxed<'a, Result<(), Error>>;
     /// Ask the server, over a connection of its own, to cancel the statement in flight here.
     fn cancel(&self) -> SendBoxed<'static, ()>;
+    /// The run record of (NAME, KEY) as stored (JSON), none before its first run.
+    fn run_read<'a>(
+        &'a mut self,
+        name: &'a str,
+        key: &'a str,
+    ) -> SendBoxed<'a, Result<Option<String>, Error>>;
+    /// Store (none: delete) the record of (NAME, KEY) while NAME is held under `token`; false,
+    /// and nothing changed, for a stale holder.
+    fn run_write<'a>(
+        &'a mut self,
+        name: &'a str,
+        token: u64,
+        key: &'a str,
+        record: Option<&'a str>,
+    ) -> SendBoxed<'a, Result<bool, Error>>;
+    /// At most `max` records of NAME (KEY and JSON), the last keys first or the first.
+    fn runs<'a>(
+        &'a mut self,
+        name: &'a str,
+        max: usize,
+        oldest_first: bool,
+    ) -> SendBoxed<'a, Result<Vec<(String, String)>, Error>>;
 }
 
 type Conn = Box<dyn Statements>;
@@ -258,6 +282,7 @@ impl Db {
             name: name.to_owned(),
             token,
             keeper,
+            records: tokio::sync::Mutex::new(None),
         }))
     }
 
@@ -384,12 +409,14 @@ impl backend::Lessor for Db {
     }
 }
 
-/// A lease that is ours: its name, token and keeper.
+/// A lease that is ours: its name, token and keeper, and the connection of its run records
+/// (the keeper's carries the renewals alone), opened at the first record read or written.
 struct DbHeld {
     cfg: DbConfig,
     name: String,
     token: u64,
     keeper: Keeper,
+    records: tokio::sync::Mutex<Option<Conn>>,
 }
 
 impl DbHeld {
@@ -426,33 +453,39 @@ impl backend::Lease for DbHeld {
             name,
             token,
             keeper,
+            ..
         } = *self;
         Box::pin(async move { DbHeld::give_back(&cfg, keeper, &name, token).await })
     }
 
     fn read_record<'a>(
         &'a self,
-        _name: &'a str,
-        _key: &'a str,
+        name: &'a str,
+        key: &'a str,
     ) -> Boxed<'a, Result<Option<RunRecord>, Error>> {
-        Box::pin(async { Err(no_records(&self.cfg)) })
+        Box::pin(async move {
+            let mut conn = self.records.lock().await;
+            let conn = match &mut *conn {
+                Some(c) => c,
+                slot => slot.insert(connect(&self.cfg).await?),
+            };
+            runs::read(conn.as_mut(), name, key).await
+        })
     }
 
     fn write_record<'a>(
         &'a mut self,
-        _record: &'a RunRecord,
+        record: &'a RunRecord,
         _keep: Duration,
     ) -> Boxed<'a, Result<Written, Error>> {
-        Box::pin(async { Err(no_records(&self.cfg)) })
+        Box::pin(async move {
+            let conn = match self.records.get_mut() {
+                Some(c) => c,
+                slot => slot.insert(connect(&self.cfg).await?),
+            };
+            runs::write(conn.as_mut(), self.token, record).await
+        })
     }
-}
-
-/// Run records (--once) are not kept in a database yet.
-pub fn no_records(cfg: &DbConfig) -> Error {
-    Error::Usage(format!(
-        "--once and --once-per need etcd, ZooKeeper or the local backend: {} keeps no run records yet",
-        place(cfg)
-    ))
 }
 
 /// The keeper task of a held lease: renews by the schedule and publishes `D`, trouble and the

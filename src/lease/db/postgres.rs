@@ -310,6 +310,72 @@ impl Statements for Pg {
     fn cancel(&self) -> SendBoxed<'static, ()> {
         (self.canceller)()
     }
+
+    fn run_read<'a>(
+        &'a mut self,
+        name: &'a str,
+        key: &'a str,
+    ) -> SendBoxed<'a, Result<Option<String>, Error>> {
+        Box::pin(async move {
+            let sql = "SELECT leasewrap.lease_run_read($1, $2)";
+            let row = self
+                .client
+                .query_typed_one(sql, &[(&name, Type::TEXT), (&key, Type::TEXT)])
+                .await
+                .map_err(|e| failed(&self.at, &e))?;
+            Ok(row.get(0))
+        })
+    }
+
+    fn run_write<'a>(
+        &'a mut self,
+        name: &'a str,
+        token: u64,
+        key: &'a str,
+        record: Option<&'a str>,
+    ) -> SendBoxed<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let token = token.to_string();
+            let sql = "SELECT leasewrap.lease_run_write($1, $2::text::numeric, $3, $4)";
+            let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&name, Type::TEXT),
+                (&token, Type::TEXT),
+                (&key, Type::TEXT),
+                (&record, Type::TEXT),
+            ];
+            let row = self
+                .client
+                .query_typed_one(sql, &params)
+                .await
+                .map_err(|e| failed(&self.at, &e))?;
+            Ok(row.get(0))
+        })
+    }
+
+    fn runs<'a>(
+        &'a mut self,
+        name: &'a str,
+        max: usize,
+        oldest_first: bool,
+    ) -> SendBoxed<'a, Result<Vec<(String, String)>, Error>> {
+        Box::pin(async move {
+            let sql = "SELECT key, record FROM leasewrap.lease_runs($1, $2, $3)";
+            let max = max.min(1000) as i32;
+            let rows = self
+                .client
+                .query_typed(
+                    sql,
+                    &[
+                        (&name, Type::TEXT),
+                        (&max, Type::INT4),
+                        (&oldest_first, Type::BOOL),
+                    ],
+                )
+                .await
+                .map_err(|e| failed(&self.at, &e))?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
 }
 
 /// A token as the server prints numeric(20,0); 0 for what is not one.

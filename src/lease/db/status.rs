@@ -2,7 +2,7 @@
 //! answers only for the names the role is tied to. A reader knows the holder's `L` but not its
 //! time left: that is counted on the holder's clock, and the row keeps none. Reads only.
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OnceCell};
 
 use super::{connect, Conn};
 use crate::config::database::DbConfig;
@@ -14,24 +14,27 @@ use crate::runs::{RunRecord, Unreadable};
 /// The database as `status` reads it; connected at the first read.
 pub struct Reader<'a> {
     cfg: &'a DbConfig,
-    conn: Mutex<Option<Conn>>,
+    conn: OnceCell<Mutex<Conn>>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(cfg: &'a DbConfig) -> Self {
         Reader {
             cfg,
-            conn: Mutex::new(None),
+            conn: OnceCell::new(),
         }
     }
 
+    /// The connection, opened at the first read.
+    async fn conn(&self) -> Result<tokio::sync::MutexGuard<'_, Conn>, Error> {
+        let opened = self
+            .conn
+            .get_or_try_init(|| async { Ok::<_, Error>(Mutex::new(connect(self.cfg).await?)) });
+        Ok(opened.await?.lock().await)
+    }
+
     async fn lease(&self, name: &str) -> Result<LeaseStatus, Error> {
-        let mut conn = self.conn.lock().await;
-        let conn = match &mut *conn {
-            Some(c) => c,
-            slot => slot.insert(connect(self.cfg).await?),
-        };
-        let row = conn.read(name).await?;
+        let row = self.conn().await?.read(name).await?;
         let holder = serde_json::from_str::<Holder>(&row.holder).ok();
         Ok(LeaseStatus {
             name: name.to_owned(),
@@ -70,18 +73,18 @@ impl backend::Reader for Reader<'_> {
 
     fn runs<'a>(
         &'a self,
-        _name: &'a str,
-        _last: usize,
+        name: &'a str,
+        last: usize,
     ) -> Boxed<'a, Result<Vec<Result<RunRecord, Unreadable>>, Error>> {
-        Box::pin(async { Ok(Vec::new()) })
+        Box::pin(async move { super::runs::list(self.conn().await?.as_mut(), name, last).await })
     }
 
     fn run<'a>(
         &'a self,
-        _name: &'a str,
-        _key: &'a str,
+        name: &'a str,
+        key: &'a str,
     ) -> Boxed<'a, Result<Option<RunRecord>, Error>> {
-        Box::pin(async { Err(super::no_records(self.cfg)) })
+        Box::pin(async move { super::runs::read(self.conn().await?.as_mut(), name, key).await })
     }
 
     fn names(&self) -> Boxed<'_, Result<Vec<String>, Error>> {

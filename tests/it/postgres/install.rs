@@ -22,10 +22,10 @@ fn install_output(pg: &Postgres, db: &str) -> crate::support::Output {
     pg.psql_file(db, &[], Path::new(FENCE_SQL))
 }
 
-/// The shipped version (4) installed, with the fence's lock_timeout `lock_timeout`.
+/// The shipped version (5) installed, with the fence's lock_timeout `lock_timeout`.
 fn shipped_version(lock_timeout: &str) -> (String, String) {
     let settings = format!("search_path=pg_catalog, pg_temp;lock_timeout={lock_timeout}");
-    ("4".to_owned(), settings)
+    ("5".to_owned(), settings)
 }
 
 /// The installed version and the function's settings.
@@ -163,12 +163,12 @@ fn a_bigint_token_column_is_refused_with_the_statement_that_fixes_it() {
 fn a_newer_installed_version_is_refused() {
     let pg = pg();
     let db = pg.report_db("newer");
-    pg.0.psql_ok(&db.name, "UPDATE leasewrap_data.installed SET version = 5");
+    pg.0.psql_ok(&db.name, "UPDATE leasewrap_data.installed SET version = 6");
     let out = install_output(pg.0, &db.name);
     assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("version 5 is installed, and this script is version 4"),
+            .contains("version 6 is installed, and this script is version 5"),
         "{}",
         out.stderr
     );

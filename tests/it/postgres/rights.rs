@@ -39,8 +39,8 @@ pub(super) fn rights(pg: &Postgres, db: &str) -> Vec<String> {
     out.lines().map(str::to_owned).collect()
 }
 
-/// What the documentation gives each role tied to a name (the fence, and the lease's
-/// functions), and nothing else.
+/// What the documentation gives each role tied to a name (the fence, and the lease's and its
+/// run records' functions), and nothing else.
 pub(super) fn documented(tied: &[&str]) -> Vec<String> {
     let mut rights: Vec<String> = tied
         .iter()
@@ -51,6 +51,11 @@ pub(super) fn documented(tied: &[&str]) -> Vec<String> {
                 format!("function leasewrap.lease_read(text): {role} EXECUTE"),
                 format!("function leasewrap.lease_release(text,numeric): {role} EXECUTE"),
                 format!("function leasewrap.lease_renew(text,numeric): {role} EXECUTE"),
+                format!("function leasewrap.lease_run_read(text,text): {role} EXECUTE"),
+                format!(
+                    "function leasewrap.lease_run_write(text,numeric,text,text): {role} EXECUTE"
+                ),
+                format!("function leasewrap.lease_runs(text,integer,boolean): {role} EXECUTE"),
                 format!("function leasewrap.lease_sql(): {role} EXECUTE"),
                 format!("function leasewrap.lease_take(text,bigint,bigint,text): {role} EXECUTE"),
                 format!("schema leasewrap: {role} USAGE"),
