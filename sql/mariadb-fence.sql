@@ -97,7 +97,7 @@ BEGIN NOT ATOMIC
                        AND ROUTINE_NAME NOT IN ('fence', 'fences', 'allow', 'disallow', 'grant_fence', 'may_use',
                                             'covers', 'check_call', 'lease_caller', 'lease_sql', 'lease_read',
                                             'lease_take', 'lease_renew', 'lease_release', 'lease_wait', 'lease_hint',
-                                            'lease_run_read', 'lease_run_write', 'lease_runs'))
+                                            'lease_run_read', 'lease_run_write', 'lease_runs', 'lease_names'))
                    OR (ROUTINE_SCHEMA <> 'leasewrap' AND DEFINER = 'leasewrap_fence@localhost')
             UNION ALL
             SELECT CONCAT('trigger ', TRIGGER_SCHEMA, '.', TRIGGER_NAME) FROM information_schema.TRIGGERS
@@ -635,6 +635,22 @@ BEGIN
         LIMIT most;
 END //
 
+-- The names, at most 1000, that have a lease's row or a run record and that the user that
+-- logged in may use: what `leasewrap status` without a NAME lists.
+CREATE OR REPLACE DEFINER = 'leasewrap_fence'@'localhost'
+PROCEDURE leasewrap.lease_names()
+READS SQL DATA
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE caller VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
+        DEFAULT LEFT(USER(), CHAR_LENGTH(USER()) - LOCATE('@', REVERSE(USER())));
+    SELECT n.name FROM (SELECT l.name FROM leasewrap.lease AS l
+                        UNION SELECT r.name FROM leasewrap.run AS r) AS n
+        WHERE leasewrap.may_use(caller, n.name)
+        ORDER BY n.name
+        LIMIT 1000;
+END //
+
 -- A definer must itself be allowed to run what it defines.
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_caller TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_hint TO 'leasewrap_fence'@'localhost' //
@@ -647,6 +663,7 @@ GRANT EXECUTE ON PROCEDURE leasewrap.lease_wait TO 'leasewrap_fence'@'localhost'
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_run_read TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_run_write TO 'leasewrap_fence'@'localhost' //
 GRANT EXECUTE ON PROCEDURE leasewrap.lease_runs TO 'leasewrap_fence'@'localhost' //
+GRANT EXECUTE ON PROCEDURE leasewrap.lease_names TO 'leasewrap_fence'@'localhost' //
 
 -- Every account may ask which version is installed, so that leasewrap tells a server without
 -- the SQL (78) from a user tied to no name (77). Servers before MariaDB 10.11 have no PUBLIC:
@@ -729,7 +746,7 @@ BEGIN
                      UNION ALL SELECT 'lease_take' UNION ALL SELECT 'lease_renew'
                      UNION ALL SELECT 'lease_release' UNION ALL SELECT 'lease_wait'
                      UNION ALL SELECT 'lease_run_read' UNION ALL SELECT 'lease_run_write'
-                     UNION ALL SELECT 'lease_runs') DO
+                     UNION ALL SELECT 'lease_runs' UNION ALL SELECT 'lease_names') DO
             EXECUTE IMMEDIATE CONCAT(IF(p_grant, 'GRANT', 'REVOKE'),
                 ' EXECUTE ON PROCEDURE leasewrap.', made.name, IF(p_grant, ' TO ', ' FROM '),
                 QUOTE(p_user), '@', QUOTE(host));

@@ -82,6 +82,7 @@ INSERT INTO pg_temp.leasewrap_objects VALUES
     ('function', 'leasewrap.lease_run_read(text,text)', 'tied'),
     ('function', 'leasewrap.lease_run_write(text,numeric,text,text)', 'tied'),
     ('function', 'leasewrap.lease_runs(text,integer,boolean)', 'tied'),
+    ('function', 'leasewrap.lease_names()', 'tied'),
     ('function', 'leasewrap_data.lease_check(text)', NULL),
     ('function', 'leasewrap.allow(regrole,text)', NULL),
     ('function', 'leasewrap.disallow(regrole,text)', NULL),
@@ -756,6 +757,22 @@ BEGIN
             LIMIT greatest(least(max_rows, 1000), 0);
 END;
 $lease_runs$;
+
+-- The names, at most 1000, that have a lease's row or a run record and that the role that logged
+-- in may use: what `leasewrap status` without a NAME lists.
+CREATE OR REPLACE FUNCTION leasewrap.lease_names()
+RETURNS SETOF text
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $lease_names$
+    SELECT n.name FROM (SELECT l.name FROM leasewrap_data.lease AS l
+                        UNION SELECT r.name FROM leasewrap_data.run AS r) AS n
+    WHERE EXISTS (SELECT FROM leasewrap_data.may_use(n.name))
+    ORDER BY n.name COLLATE "C"
+    LIMIT 1000;
+$lease_names$;
 
 -- Grants (or revokes) role what a tie gives it: the objects listed for 'tied' (USAGE on the
 -- schema leasewrap, EXECUTE on the fence). A role dropped since it was tied has nothing left to

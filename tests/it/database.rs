@@ -306,7 +306,8 @@ pub(crate) fn a_stopped_leasewrap_loses_its_child_by_d(p: &impl Lease) {
 
 /// `--once KEY`: the first run runs and records its success in the database; the next is
 /// skipped (75) without running; `status --once KEY NAME` says done (0) and the listing shows the
-/// record with the first run's token; a failed run of another KEY is recorded and runs again.
+/// record with the first run's token; a failed run of another KEY is recorded and runs again;
+/// `status` without a NAME lists the lease and its records.
 pub(crate) fn once_records_the_success_and_skips_the_next_run(p: &impl Lease) {
     let sb = Sandbox::new();
     let ran = sb.path("ran");
@@ -343,6 +344,18 @@ pub(crate) fn once_records_the_success_and_skips_the_next_run(p: &impl Lease) {
         other.is_some_and(|l| l.contains("ran-ok") && l.contains(" 2 ")),
         "the failed run and the one after it: {}",
         listing.stdout
+    );
+    // Without a NAME: every name the role may use, here its one, with its records.
+    let all = Leasewrap::subcommand("status")
+        .args(&["--database", &p.lease_url()])
+        .output();
+    assert_exit(&all, 0);
+    let rows = all.stdout.lines().filter(|l| l.starts_with(p.lease_name()));
+    assert_eq!(
+        rows.count(),
+        3,
+        "the lease and its two records:\n{}",
+        all.stdout
     );
 }
 

@@ -278,6 +278,17 @@ impl Statements for My {
         })
     }
 
+    fn names(&mut self) -> SendBoxed<'_, Result<Vec<String>, Error>> {
+        Box::pin(async move {
+            let rows: Vec<Row> = self
+                .conn
+                .query("CALL leasewrap.lease_names()")
+                .await
+                .map_err(|e| failed(&self.at, &e))?;
+            rows.iter().map(|r| self.column(r, 0)).collect()
+        })
+    }
+
     fn runs<'a>(
         &'a mut self,
         name: &'a str,

@@ -105,6 +105,8 @@ pub trait Statements: Send {
         key: &'a str,
         record: Option<&'a str>,
     ) -> SendBoxed<'a, Result<bool, Error>>;
+    /// The names (at most 1000) with a row or a record that this role or user may use.
+    fn names(&mut self) -> SendBoxed<'_, Result<Vec<String>, Error>>;
     /// At most `max` records of NAME (KEY and JSON), the last keys first or the first.
     fn runs<'a>(
         &'a mut self,

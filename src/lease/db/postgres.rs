@@ -352,6 +352,18 @@ impl Statements for Pg {
         })
     }
 
+    fn names(&mut self) -> SendBoxed<'_, Result<Vec<String>, Error>> {
+        Box::pin(async move {
+            let sql = "SELECT leasewrap.lease_names()";
+            let rows = self
+                .client
+                .query_typed(sql, &[])
+                .await
+                .map_err(|e| failed(&self.at, &e))?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
     fn runs<'a>(
         &'a mut self,
         name: &'a str,

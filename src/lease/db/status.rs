@@ -62,12 +62,15 @@ impl backend::Reader for Reader<'_> {
 
     fn leases<'a>(&'a self, name: Option<&'a str>) -> Boxed<'a, Result<Vec<LeaseStatus>, Error>> {
         Box::pin(async move {
-            match name {
-                Some(name) => Ok(vec![self.lease(name).await?]),
-                None => Err(Error::Usage(
-                    "status with --database needs a NAME: a role sees only the leases it is tied to".into(),
-                )),
+            let names = match name {
+                Some(name) => vec![name.to_owned()],
+                None => self.conn().await?.names().await?,
+            };
+            let mut out = Vec::with_capacity(names.len());
+            for name in &names {
+                out.push(self.lease(name).await?);
             }
+            Ok(out)
         })
     }
 
@@ -88,6 +91,6 @@ impl backend::Reader for Reader<'_> {
     }
 
     fn names(&self) -> Boxed<'_, Result<Vec<String>, Error>> {
-        Box::pin(async { Ok(Vec::new()) })
+        Box::pin(async move { self.conn().await?.names().await })
     }
 }

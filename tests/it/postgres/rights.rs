@@ -48,6 +48,7 @@ pub(super) fn documented(tied: &[&str]) -> Vec<String> {
             [
                 format!("function leasewrap.fence(text,numeric): {role} EXECUTE"),
                 format!("function leasewrap.fence(text,text): {role} EXECUTE"),
+                format!("function leasewrap.lease_names(): {role} EXECUTE"),
                 format!("function leasewrap.lease_read(text): {role} EXECUTE"),
                 format!("function leasewrap.lease_release(text,numeric): {role} EXECUTE"),
                 format!("function leasewrap.lease_renew(text,numeric): {role} EXECUTE"),
