@@ -73,7 +73,7 @@ fn options(cfg: &DbConfig) -> OptsBuilder {
 /// The installed SQL's version must be the one this leasewrap needs.
 async fn check_sql(my: &mut My, cfg: &DbConfig) -> Result<(), Error> {
     let install = format!(
-        "install it with: leasewrap fence-sql mariadb | mariadb --user=root (as an administrator), then CALL leasewrap.allow('{}', 'NAME')",
+        "install it with: leasewrap fence-sql mariadb | mariadb --no-defaults --user=root (as an administrator), then CALL leasewrap.allow('{}', 'NAME')",
         cfg.user
     );
     let answer = my
