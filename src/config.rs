@@ -920,7 +920,8 @@ mod tests {
         assert!(
             usage(&["--database", url, "--prefix", "p/", "--", "true"], &[]).contains("--prefix")
         );
-        assert!(usage(&["--database", url, "--once", "k", "--", "true"], &[]).contains("--once"));
+        let once = parse(&["--database", url, "--once", "k", "--", "true"], &[]).unwrap();
+        assert_eq!(once.once.map(|o| o.key), Some("k".to_owned()));
     }
 
     #[test]

@@ -37,6 +37,7 @@
 //!   release.
 //! - `lease::db::postgres`: one connection to PostgreSQL and the lease's statements on it.
 //! - `lease::db::mariadb`: one connection to MariaDB and the lease's statements on it.
+//! - `lease::db::runs`: the run records of `--once` in the lease's database.
 //! - `lease::db::status`: `status` of a lease's row.
 //! - `supervise`: the child's process tree: resolving COMMAND, starting it, how it ended.
 //! - `supervise::watchdog`: the process that is the child's parent and enforces each deadline.
