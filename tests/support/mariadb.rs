@@ -130,6 +130,24 @@ impl Mariadb {
         db
     }
 
+    /// Stops the server (SIGTERM, as a service manager does: InnoDB shuts down cleanly) and
+    /// starts it again on the same data dir and socket; returns once it answers.
+    pub fn restart(&mut self) {
+        dbserver::stop(self.pid, Signal::SIGTERM);
+        let runner = user::other();
+        let dir = self._dir.path().to_owned();
+        let server = mariadbd(runner, &dir, &dir.join("data"), &self.socket);
+        self.pid = server.id() as i32;
+        self._server = server;
+        wait_until(SERVER_BOUND, "mariadbd to answer again", || {
+            self.client(None)
+                .arg("-e")
+                .arg("SELECT 1")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+    }
+
     /// The server's socket.
     pub fn socket(&self) -> &Path {
         &self.socket

@@ -6,6 +6,9 @@
 //! Every test has a user and a lease name of its own on the one shared server (the fence's,
 //! `mariadb::maria`, with the SQL installed from the shipped file), reached over its socket.
 
+use std::time::Instant;
+
+use super::faults::{a_renewal, beating_holder, carried_on_after_a_restart};
 use super::{refused_in_one_line, Lease};
 use crate::etcd::TTL_ARG;
 use crate::mariadb::{install, maria, user};
@@ -14,14 +17,14 @@ use crate::support::mariadb::Mariadb;
 use crate::support::*;
 
 /// A test's user, tied to its lease name, and the name.
-struct Place {
-    server: &'static Mariadb,
+struct Place<'a> {
+    server: &'a Mariadb,
     user: String,
     name: String,
 }
 
 /// A fresh user tied to a lease name of its own.
-fn place(label: &str) -> Place {
+fn place(label: &str) -> Place<'static> {
     let server = maria().0;
     let db = server.database(&format!("lease_{label}"));
     let user = user(server, &db, "job");
@@ -36,7 +39,7 @@ fn url_of(server: &Mariadb, user: &str) -> String {
     format!("mariadb://{user}@/?socket={socket}")
 }
 
-impl Place {
+impl Place<'_> {
     fn url_as(&self, user: &str) -> String {
         url_of(self.server, user)
     }
@@ -52,8 +55,12 @@ impl Place {
 
     /// The same with the default logs: an error is its one line.
     fn quiet(&self, url: &str) -> Leasewrap {
+        self.quiet_with_ttl(url, TTL_ARG)
+    }
+
+    fn quiet_with_ttl(&self, url: &str, ttl: &str) -> Leasewrap {
         Leasewrap::new()
-            .args(&["--database", url, "--ttl", TTL_ARG])
+            .args(&["--database", url, "--ttl", ttl])
             .name(&self.name)
     }
 
@@ -105,7 +112,7 @@ fn a_run_takes_the_row_with_a_token_the_fence_of_the_same_server_accepts() {
     );
 }
 
-impl Lease for Place {
+impl Lease for Place<'_> {
     fn holder(&self) -> Leasewrap {
         self.job()
     }
@@ -250,4 +257,33 @@ fn a_server_without_the_sql_or_with_an_older_one_is_78_naming_fence_sql() {
         "{}",
         out.stderr
     );
+}
+
+/// The server restarted (SIGTERM, then mariadbd again: about 3 s) while a holder with a TTL of
+/// 10 s runs: it reconnects and renews while D is ahead, its child untouched, its token kept.
+/// A server of its own: the shared one serves every test.
+#[test]
+fn a_holder_rides_out_a_server_restarted_within_l_and_keeps_its_token() {
+    let mut server = Mariadb::start();
+    install(&server);
+    let user = user(&server, "restart", "job");
+    let name = "restart.job".to_owned();
+    server.sql_ok("", &format!("CALL leasewrap.allow('{user}', '{name}')"));
+    let sb = Sandbox::new();
+    let p = Place {
+        server: &server,
+        user: user.clone(),
+        name: name.clone(),
+    };
+    let lw = p.quiet_with_ttl(&p.url(), "10s").args(&["-vv"]);
+    let holder = beating_holder(lw, &sb);
+    a_renewal(&p);
+    let stopped = Instant::now();
+    server.restart();
+    let p = Place {
+        server: &server,
+        user,
+        name,
+    };
+    carried_on_after_a_restart(&p, holder, stopped, "SIGTERM, start");
 }
