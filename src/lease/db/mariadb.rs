@@ -50,7 +50,7 @@ pub async fn connect(cfg: &DbConfig) -> Result<My, Error> {
 }
 
 /// The client's options: no settings read at connect (two round trips fewer), no move to a
-/// socket the server names, prepared statements kept.
+/// socket the server names.
 fn options(cfg: &DbConfig) -> OptsBuilder {
     let b = OptsBuilder::default()
         .user(Some(&cfg.user))
@@ -58,8 +58,7 @@ fn options(cfg: &DbConfig) -> OptsBuilder {
         .db_name(Some(&cfg.dbname).filter(|d| !d.is_empty()))
         .prefer_socket(false)
         .max_allowed_packet(Some(1 << 24))
-        .wait_timeout(Some(28_800))
-        .stmt_cache_size(16);
+        .wait_timeout(Some(28_800));
     let b = match &cfg.host {
         Host::Tcp(h) => b.ip_or_hostname(h.as_str()).tcp_port(cfg.port),
         Host::Socket(s) => b.socket(Some(s.display().to_string())),
@@ -127,14 +126,39 @@ impl My {
     /// The one row a CALL answers, if any.
     async fn call(
         &mut self,
-        sql: &'static str,
+        procedure: &'static str,
         params: Vec<mysql_async::Value>,
     ) -> Result<Option<Row>, Error> {
+        Ok(self.call_rows(procedure, params).await?.into_iter().next())
+    }
+
+    /// Every row a CALL answers.
+    async fn call_rows(
+        &mut self,
+        procedure: &'static str,
+        params: Vec<mysql_async::Value>,
+    ) -> Result<Vec<Row>, Error> {
         self.conn
-            .exec_first(sql, params)
+            .query(statement(procedure, &params))
             .await
             .map_err(|e| failed(&self.at, &e))
     }
+}
+
+/// `CALL leasewrap.PROCEDURE(...)` with `params` written in: one round trip, where a prepared
+/// statement on a new connection costs a second one to prepare it. Text goes in as a hex literal
+/// with its character set named, so no escaping (and no server's sql_mode) is involved; numbers
+/// go in as the client library writes them.
+fn statement(procedure: &str, params: &[mysql_async::Value]) -> String {
+    let literal = |v: &mysql_async::Value| match v {
+        mysql_async::Value::Bytes(b) => {
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            format!("_utf8mb4 X'{hex}'")
+        }
+        other => other.as_sql(true),
+    };
+    let args: Vec<String> = params.iter().map(literal).collect();
+    format!("CALL leasewrap.{procedure}({})", args.join(", "))
 }
 
 impl My {
@@ -157,7 +181,7 @@ impl My {
 impl Statements for My {
     fn read<'a>(&'a mut self, name: &'a str) -> SendBoxed<'a, Result<RowState, Error>> {
         Box::pin(async move {
-            let row = self.call("CALL leasewrap.lease_read(?)", vec![name.into()]);
+            let row = self.call("lease_read", vec![name.into()]);
             let row = row.await?.ok_or_else(|| self.odd())?;
             Ok(RowState {
                 version: self.column(&row, 0)?,
@@ -179,19 +203,14 @@ impl Statements for My {
         Box::pin(async move {
             let ttl_ms = ttl.as_millis() as u64;
             let params = vec![name.into(), seen.into(), ttl_ms.into(), holder.into()];
-            let row = self
-                .call("CALL leasewrap.lease_take(?, ?, ?, ?)", params)
-                .await?;
+            let row = self.call("lease_take", params).await?;
             row.map(|r| self.column(&r, 0)).transpose()
         })
     }
 
     fn renew<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<Renewal, Error>> {
         Box::pin(async move {
-            let row = self.call(
-                "CALL leasewrap.lease_renew(?, ?)",
-                vec![name.into(), token.into()],
-            );
+            let row = self.call("lease_renew", vec![name.into(), token.into()]);
             let row = row.await?.ok_or_else(|| self.odd())?;
             let (renewed, held): (i64, i64) = (self.column(&row, 0)?, self.column(&row, 1)?);
             Ok(match (renewed != 0, held != 0) {
@@ -204,11 +223,8 @@ impl Statements for My {
 
     fn release<'a>(&'a mut self, name: &'a str, token: u64) -> SendBoxed<'a, Result<(), Error>> {
         Box::pin(async move {
-            self.call(
-                "CALL leasewrap.lease_release(?, ?)",
-                vec![name.into(), token.into()],
-            )
-            .await?;
+            self.call("lease_release", vec![name.into(), token.into()])
+                .await?;
             Ok(())
         })
     }
@@ -224,9 +240,7 @@ impl Statements for My {
         Box::pin(async move {
             let started = Instant::now();
             let params = vec![name.into(), seen.into(), nap.as_secs_f64().into()];
-            let row = self
-                .call("CALL leasewrap.lease_wait(?, ?, ?)", params)
-                .await?;
+            let row = self.call("lease_wait", params).await?;
             let released = match row {
                 Some(r) => self.column::<i64>(&r, 0)? == 1,
                 None => false,
@@ -255,9 +269,7 @@ impl Statements for My {
     ) -> SendBoxed<'a, Result<Option<String>, Error>> {
         Box::pin(async move {
             let params = vec![name.into(), key.into()];
-            let row = self
-                .call("CALL leasewrap.lease_run_read(?, ?)", params)
-                .await?;
+            let row = self.call("lease_run_read", params).await?;
             row.map(|r| self.column(&r, 0)).transpose()
         })
     }
@@ -272,7 +284,7 @@ impl Statements for My {
     ) -> SendBoxed<'a, Result<bool, Error>> {
         Box::pin(async move {
             let params = vec![name.into(), token.into(), key.into(), record.into()];
-            let row = self.call("CALL leasewrap.lease_run_write(?, ?, ?, ?)", params);
+            let row = self.call("lease_run_write", params);
             let row = row.await?.ok_or_else(|| self.odd())?;
             Ok(self.column::<i64>(&row, 0)? == 1)
         })
@@ -280,11 +292,7 @@ impl Statements for My {
 
     fn names(&mut self) -> SendBoxed<'_, Result<Vec<String>, Error>> {
         Box::pin(async move {
-            let rows: Vec<Row> = self
-                .conn
-                .query("CALL leasewrap.lease_names()")
-                .await
-                .map_err(|e| failed(&self.at, &e))?;
+            let rows = self.call_rows("lease_names", Vec::new()).await?;
             rows.iter().map(|r| self.column(r, 0)).collect()
         })
     }
@@ -301,14 +309,33 @@ impl Statements for My {
                 (max.min(1000) as u64).into(),
                 oldest_first.into(),
             ];
-            let rows: Vec<Row> = self
-                .conn
-                .exec("CALL leasewrap.lease_runs(?, ?, ?)", params)
-                .await
-                .map_err(|e| failed(&self.at, &e))?;
+            let rows = self.call_rows("lease_runs", params).await?;
             rows.iter()
                 .map(|r| Ok((self.column(r, 0)?, self.column(r, 1)?)))
                 .collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statement;
+
+    #[test]
+    fn a_statement_writes_text_as_hex_and_numbers_as_digits() {
+        let params = vec![
+            "a'b\\".into(),
+            7u64.into(),
+            0.25f64.into(),
+            None::<String>.into(),
+        ];
+        assert_eq!(
+            statement("lease_x", &params),
+            "CALL leasewrap.lease_x(_utf8mb4 X'6127625c', 7, 0.25, NULL)"
+        );
+        assert_eq!(
+            statement("lease_names", &[]),
+            "CALL leasewrap.lease_names()"
+        );
     }
 }
