@@ -19,6 +19,11 @@ macro_rules! scenarios {
         }
 
         #[test]
+        fn a_waiter_s_pause_ends_at_a_release_and_lasts_its_nap_without_one() {
+            $crate::database::a_pause_ends_at_a_release_only(&place("pause"), $woken_by);
+        }
+
+        #[test]
         fn a_waiter_takes_over_a_sigkilled_holder_only_l_after_its_last_renewal() {
             $crate::database::a_sigkilled_holder_is_taken_over_only_l_after_its_last_renewal(
                 &place("sigkill"),
@@ -60,6 +65,8 @@ use crate::support::pgbouncer::PgBouncer;
 use crate::support::postgres::{self, Postgres};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::*;
+use leasewrap::config::database::{db_config, Given};
+use leasewrap::lease::db::{connect, Conn};
 
 /// A test's database, the login role tied to its lease name, and the name.
 struct Place<'a> {
@@ -241,6 +248,51 @@ pub(crate) fn a_release_wakes_the_waiter(p: &impl Lease, by: &str) {
     b.finish_with(0);
 }
 
+/// The wake-up at its own seam: `Statements::pause` of a waiter's connection, against the real
+/// server, with a holder's connection beside it. Without a release the pause lasts its nap; a
+/// release (by `woken_by`) ends a pause of 20 s within a fraction of it.
+#[track_caller]
+pub(crate) fn a_pause_ends_at_a_release_only(p: &impl Lease, woken_by: &str) {
+    let given = Given {
+        cacert: None,
+        password_file: None,
+        dial_timeout: Duration::from_secs(5),
+    };
+    let cfg = db_config(&p.lease_url(), &given, &|_| None).expect("the lease's URL");
+    let name = p.lease_name();
+    let (nap, long) = (Duration::from_millis(300), Duration::from_secs(20));
+    let (napped, woken) = block_on(async {
+        let mut holder = connect(&cfg).await.expect("the holder's connection");
+        let mut waiter = connect(&cfg).await.expect("the waiter's connection");
+        let free = holder.read(name).await.expect("a read");
+        let taken = holder.take(name, free.version, long, r#"{"seam":true}"#);
+        let token = taken.await.expect("a take").expect("the free row taken");
+        let seen = waiter.read(name).await.expect("a read");
+        assert!(seen.held && seen.token == token, "{seen:?}");
+        let napped = timed_pause(&mut waiter, (name, seen.version), nap).await;
+        let pause = timed_pause(&mut waiter, (name, seen.version), long);
+        let (woken, released) = tokio::join!(pause, holder.release(name, token));
+        released.expect("the release");
+        (napped, woken)
+    });
+    eprintln!(
+        "{}: a pause of {nap:?} without a release lasted {napped:?}; one of {long:?} ended {woken:?} after it began, at the release ({woken_by})",
+        p.server()
+    );
+    assert!(napped >= nap, "the pause ended early: {napped:?}");
+    assert!(
+        woken < long / 4,
+        "the release did not end the pause: {woken:?}"
+    );
+}
+
+/// A pause of `nap` on `waiter` of NAME last read at a version: how long it lasted.
+async fn timed_pause(waiter: &mut Conn, (name, seen): (&str, u64), nap: Duration) -> Duration {
+    let started = Instant::now();
+    waiter.pause(name, seen, nap).await.expect("a pause");
+    started.elapsed()
+}
+
 /// A SIGKILLed holder's row is taken over only `L` after its last renewal.
 pub(crate) fn a_sigkilled_holder_is_taken_over_only_l_after_its_last_renewal(p: &impl Lease) {
     let sb = Sandbox::new();
@@ -393,14 +445,35 @@ scenarios!("the release's NOTIFY");
 #[test]
 fn a_holder_cut_off_from_the_database_is_dead_before_the_waiter_takes_over() {
     let p = place("partition");
-    let sb = Sandbox::new();
     let proxy = Proxy::start(format!("127.0.0.1:{}", p.pg.port()).parse().unwrap());
-    let through = p.url_at(&proxy.addr().to_string());
-    let mut a = Job::spawn(p.job(&through), Marks::new(&sb, "a"), true);
+    let through = p.job(&p.url_at(&proxy.addr().to_string()));
+    cut_off(&p, &proxy, through, Mode::Blackhole);
+}
+
+/// The holder's renewals reach the server but their answers come 0.6 L late: it cannot see a
+/// renewal succeed before D, so its child dies first; the waiter takes over after.
+#[test]
+fn a_holder_whose_answers_are_delayed_past_d_is_dead_before_the_waiter_takes_over() {
+    let p = place("delayed");
+    let proxy = Proxy::start(format!("127.0.0.1:{}", p.pg.port()).parse().unwrap());
+    let through = p.job(&p.url_at(&proxy.addr().to_string()));
+    cut_off(&p, &proxy, through, Mode::DelayReplies(TTL.mul_f64(0.6)));
+}
+
+/// A holder on the lease `p` through `proxy` (`through`), its link turned to `fault` for 2 × L:
+/// its child is dead before a waiter on the server itself takes over with a newer token.
+#[track_caller]
+pub(crate) fn cut_off(p: &impl Lease, proxy: &Proxy, through: Leasewrap, fault: Mode) {
+    let sb = Sandbox::new();
+    let mut a = Job::spawn(through, Marks::new(&sb, "a"), true);
     a.child();
-    let mut c = Job::spawn(p.job(&p.url()), Marks::new(&sb, "c"), false);
-    let takeover = fault_through_proxy(&proxy, Mode::Blackhole, &mut a, &c);
-    eprintln!("PostgreSQL holder blackholed: {}", takeover.describe());
+    let mut c = Job::spawn(p.holder(), Marks::new(&sb, "c"), false);
+    let takeover = fault_through_proxy(proxy, fault, &mut a, &c);
+    eprintln!(
+        "{} holder, link {fault:?}: {}",
+        p.server(),
+        takeover.describe()
+    );
     assert!(c.token() > a.token());
     c.release();
     c.finish_with(0);

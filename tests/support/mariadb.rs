@@ -10,8 +10,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -49,10 +49,10 @@ const KIND: Kind = Kind {
 pub struct Mariadb {
     /// The server's Unix socket: the clients' `--socket`.
     socket: PathBuf,
-    /// mariadbd's pid.
-    pid: i32,
-    /// mariadbd, the tests' child: reaped by `dbserver::stop`'s waitpid.
-    _server: Child,
+    /// Its loopback TCP port, when it listens on one (`start_on_loopback`).
+    port: Option<u16>,
+    /// mariadbd's pid: the tests' child, reaped by `dbserver::stop`'s waitpid.
+    pid: AtomicI32,
     /// Last, so it is removed only after the server is stopped.
     _dir: TempDir,
 }
@@ -62,7 +62,7 @@ pub fn shared() -> &'static Mariadb {
     static SHARED: OnceLock<Mariadb> = OnceLock::new();
     dbserver::shared(&SHARED, &KIND, || {
         let db = Mariadb::start();
-        let pid = db.pid;
+        let pid = db.pid.load(Ordering::SeqCst);
         (db, pid)
     })
 }
@@ -72,6 +72,20 @@ impl Mariadb {
     /// install when MariaDB is missing.
     #[track_caller]
     pub fn start() -> Mariadb {
+        Mariadb::start_with(None)
+    }
+
+    /// The same, listening on a free loopback TCP port too.
+    #[track_caller]
+    pub fn start_on_loopback() -> Mariadb {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = free.local_addr().expect("its address").port();
+        drop(free);
+        Mariadb::start_with(Some(port))
+    }
+
+    #[track_caller]
+    fn start_with(port: Option<u16>) -> Mariadb {
         assert!(
             [MARIADBD, INSTALL_DB, CLIENT]
                 .iter()
@@ -95,25 +109,27 @@ impl Mariadb {
             .output();
         expect_success("mariadb-install-db", install);
         let log = dir.path().join("mariadbd.log");
-        let server = mariadbd(runner, dir.path(), &data, &socket);
+        let server = mariadbd(runner, dir.path(), (&data, &socket, port));
         let db = Mariadb {
             socket,
-            pid: server.id() as i32,
-            _server: server,
+            port,
+            pid: AtomicI32::new(server),
             _dir: dir,
         };
-        wait_until(
-            SERVER_BOUND,
-            &format!("mariadbd to answer (log: {})", log.display()),
-            || {
-                db.client(None)
-                    .arg("-e")
-                    .arg("SELECT 1")
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            },
-        );
+        db.wait_answering(&format!("mariadbd to answer (log: {})", log.display()));
         db
+    }
+
+    /// Returns once the server answers a client.
+    #[track_caller]
+    fn wait_answering(&self, what: &str) {
+        wait_until(SERVER_BOUND, what, || {
+            self.client(None)
+                .arg("-e")
+                .arg("SELECT 1")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
     }
 
     /// A fresh database for one test, `label` in its name.
@@ -130,22 +146,32 @@ impl Mariadb {
         db
     }
 
-    /// Stops the server (SIGTERM, as a service manager does: InnoDB shuts down cleanly) and
-    /// starts it again on the same data dir and socket; returns once it answers.
-    pub fn restart(&mut self) {
-        dbserver::stop(self.pid, Signal::SIGTERM);
-        let runner = user::other();
-        let dir = self._dir.path().to_owned();
-        let server = mariadbd(runner, &dir, &dir.join("data"), &self.socket);
-        self.pid = server.id() as i32;
-        self._server = server;
-        wait_until(SERVER_BOUND, "mariadbd to answer again", || {
-            self.client(None)
-                .arg("-e")
-                .arg("SELECT 1")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
+    /// Stops the server with `signal` (SIGTERM, as a service manager does: InnoDB shuts down
+    /// cleanly) and returns once it is gone.
+    pub fn stop(&self, signal: Signal) {
+        dbserver::stop(self.pid.load(Ordering::SeqCst), signal);
+    }
+
+    /// Starts the server again on the same data dir and socket; returns once it answers.
+    #[track_caller]
+    pub fn start_again(&self) {
+        let dir = self._dir.path();
+        let data = dir.join("data");
+        let server = mariadbd(user::other(), dir, (&data, &self.socket, self.port));
+        self.pid.store(server, Ordering::SeqCst);
+        self.wait_answering("mariadbd to answer again");
+    }
+
+    /// `stop` with SIGTERM, then `start_again`.
+    #[track_caller]
+    pub fn restart(&self) {
+        self.stop(Signal::SIGTERM);
+        self.start_again();
+    }
+
+    /// Its loopback TCP port (`start_on_loopback`).
+    pub fn port(&self) -> u16 {
+        self.port.expect("a server started with start_on_loopback")
     }
 
     /// The server's socket.
@@ -203,21 +229,30 @@ impl Mariadb {
     }
 }
 
-/// mariadbd as `runner` on `data`, its socket, pid file and log in `dir`.
-fn mariadbd(runner: User, dir: &Path, data: &Path, socket: &Path) -> Child {
+/// mariadbd as `runner` on `data`, listening on `socket` (and on loopback `port`, if any), its
+/// pid file and log in `dir`; its pid.
+fn mariadbd(runner: User, dir: &Path, (data, socket, port): (&Path, &Path, Option<u16>)) -> i32 {
     let path = |name: &str| dir.join(name).display().to_string();
-    as_user(runner, Command::new(MARIADBD))
-        .arg("--no-defaults")
+    let mut cmd = as_user(runner, Command::new(MARIADBD));
+    cmd.arg("--no-defaults")
         .arg(format!("--datadir={}", data.display()))
         .arg(format!("--tmpdir={}", path("tmp")))
         .arg(format!("--socket={}", socket.display()))
         .arg(format!("--pid-file={}", path("mariadbd.pid")))
         .arg(format!("--log-error={}", path("mariadbd.log")))
         // Like PostgreSQL's fsync=off in the tests: durability is not what is tested.
-        .args(["--skip-networking", "--innodb-flush-log-at-trx-commit=0"])
-        .stdin(Stdio::null())
-        .spawn()
+        .arg("--innodb-flush-log-at-trx-commit=0")
+        .stdin(Stdio::null());
+    match port {
+        Some(port) => cmd.args(["--bind-address=127.0.0.1", &format!("--port={port}")]),
+        None => cmd.arg("--skip-networking"),
+    };
+    // Reaped by pid: `dbserver::stop`'s waitpid.
+    #[allow(clippy::zombie_processes)]
+    let server = cmd.spawn();
+    server
         .unwrap_or_else(|e| panic!("start {MARIADBD}: {e}"))
+        .id() as i32
 }
 
 /// A command's program and arguments as one shell line (they hold no quote here).
@@ -231,6 +266,6 @@ pub fn shell_words(cmd: &Command) -> String {
 
 impl Drop for Mariadb {
     fn drop(&mut self) {
-        dbserver::stop(self.pid, KIND.stop);
+        dbserver::stop(self.pid.load(Ordering::SeqCst), KIND.stop);
     }
 }

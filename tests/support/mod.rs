@@ -737,6 +737,15 @@ pub fn dirs_of_dead_processes(root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Runs `f` to its end on a runtime of its own (one thread), for the tests of a layer that is
+/// async.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    rt.expect("a runtime").block_on(f)
+}
+
 /// Polls `cond` every few milliseconds; panics naming `what` once `bound` has passed.
 #[track_caller]
 pub fn wait_until(bound: Duration, what: &str, mut cond: impl FnMut() -> bool) {

@@ -116,10 +116,11 @@ pub trait Statements: Send {
     ) -> SendBoxed<'a, Result<Vec<(String, String)>, Error>>;
 }
 
-type Conn = Box<dyn Statements>;
+/// One connection's statements, whichever server it is.
+pub type Conn = Box<dyn Statements>;
 
-/// A connection to the database `cfg` names.
-async fn connect(cfg: &DbConfig) -> Result<Conn, Error> {
+/// A connection to the database `cfg` names, its installed SQL's version checked.
+pub async fn connect(cfg: &DbConfig) -> Result<Conn, Error> {
     Ok(match cfg.server {
         Server::Postgres => Box::new(postgres::connect(cfg).await?),
         Server::Mariadb => Box::new(mariadb::connect(cfg).await?),

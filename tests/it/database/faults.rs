@@ -1,7 +1,8 @@
 //! Faults of the database and of the hosts around the database lease, against a real
 //! PostgreSQL 15: the server restarted within `L` and stopped for longer, another session
 //! holding the lease's row lock, wall clocks hours apart and stepped, a waiter paused while the
-//! holder crashed.
+//! holder crashed. The scenarios that need no server of their own are functions on any `Lease`,
+//! which database::on_mariadb runs on MariaDB too.
 //!
 //! The tests that stop the server start one of their own (`Postgres::start`): the shared one
 //! serves every test of the binary. Every wait is for a file a child writes, a log line, the
@@ -151,12 +152,21 @@ fn a_database_down_longer_than_l_kills_the_holder_s_child_by_d_and_a_waiter_take
 ) {
     let pg = Postgres::start();
     let p = place_on(&pg, "down");
+    let (stop, start) = (|| pg.stop("immediate"), || pg.start_again());
+    down_longer_than_l(&p, (&stop, &start), "pg_ctl stop -m immediate");
+}
+
+/// The scenario of the test above on the lease `p`, whose server `stop` stops (by `how`) and
+/// `start` starts again: A's child dies by D and A exits 124; the waiter B, riding out the
+/// outage, takes the next token once the server is back, never while it is down.
+#[track_caller]
+pub(crate) fn down_longer_than_l(p: &impl Lease, (stop, start): (&dyn Fn(), &dyn Fn()), how: &str) {
     let sb = Sandbox::new();
-    let (mut a, child, token) = beating_holder(p.job(&p.url()), &sb);
-    let lw = p.job(&p.url()).args(&["--dial-timeout", "1s"]);
+    let (mut a, child, token) = beating_holder(p.holder(), &sb);
+    let lw = p.holder().args(&["--dial-timeout", "1s"]);
     let b = waiting(Job::spawn(lw, Marks::new(&sb, "b"), false));
-    a_renewal(&p);
-    pg.stop("immediate");
+    a_renewal(p);
+    stop();
     // Every renewal that succeeded was sent before now: D is at most D_AFTER_RENEWAL ahead.
     let (down, down_ns) = (Instant::now(), now_ns());
     let dead = death_after(child, down, TTL + STARTUP);
@@ -169,12 +179,13 @@ fn a_database_down_longer_than_l_kills_the_holder_s_child_by_d_and_a_waiter_take
     );
     keep_fault_until(down + 2 * TTL);
     assert!(!b.marks.started(), "B ran while the database was down");
-    pg.start_again();
+    start();
     let back_ns = now_ns();
     assert_eq!(b.token(), token + 1, "{}", b.run.stderr());
     let b_start = read_ns(&b.marks.start);
     eprintln!(
-        "PostgreSQL down for {:.0} ms (pg_ctl stop -m immediate): A's child beat last {last_beat:.0} ms and was seen dead {:.0} ms after the stop, A exit 124; B's child started {:.0} ms after the start",
+        "{} down for {:.0} ms ({how}): A's child beat last {last_beat:.0} ms and was seen dead {:.0} ms after the stop, A exit 124; B's child started {:.0} ms after the start",
+        p.server(),
         ms(back_ns - down_ns),
         dead.as_secs_f64() * 1e3,
         ms(b_start - back_ns)
@@ -343,6 +354,12 @@ fn assert_faked(job: &Job) {
 #[test]
 fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl() {
     let (p, sb) = fresh("wall_clocks");
+    wall_clocks_apart(&p, &sb);
+}
+
+/// The scenario of the test above on the lease `p`.
+#[track_caller]
+pub(crate) fn wall_clocks_apart(p: &impl Lease, sb: &Sandbox) {
     let offset = sb.path("faketime-offset");
     std::fs::write(&offset, "+0\n").unwrap();
     let stepped = [
@@ -350,23 +367,27 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
         ("FAKETIME_NO_CACHE", "1"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
     ];
-    let mut a = unfaked_job(faked(p.job(&p.url()), &stepped), &sb, "a");
+    let mut a = unfaked_job(faked(p.holder(), &stepped), sb, "a");
     a.child();
-    let ahead = faked(p.job(&p.url()), &[("FAKETIME", "+5h")]);
-    let b = waiting(unfaked_job(ahead, &sb, "b"));
+    let ahead = faked(p.holder(), &[("FAKETIME", "+5h")]);
+    let b = waiting(unfaked_job(ahead, sb, "b"));
     assert_faked(&a);
     assert_faked(&b);
     for step in ["-5h\n", "+5h\n"] {
         std::fs::write(&offset, step).unwrap();
-        a_renewal(&p);
+        a_renewal(p);
     }
-    assert!(pid_alive(a.child()) && !b.marks.started(), "{}", p.row());
+    assert!(
+        pid_alive(a.child()) && !b.marks.started(),
+        "{}",
+        p.lease_row()
+    );
     a.release();
     let handover = ms(read_ns(&b.marks.start) - read_ns(&a.marks.end));
     a.finish_with(0);
     assert_eq!(b.token(), a.token() + 1);
     let behind = [("FAKETIME", "-5h"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
-    let c = waiting(unfaked_job(faked(p.job(&p.url()), &behind), &sb, "c"));
+    let c = waiting(unfaked_job(faked(p.holder(), &behind), sb, "c"));
     assert_faked(&c);
     assert_logged_hours_off(&a, "acquired", 0);
     assert_logged_hours_off(&a, "released", 5);
@@ -390,8 +411,14 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
 #[test]
 fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_again() {
     let (p, sb) = fresh("paused_waiter");
-    let (mut a, a_child, a_token) = beating_holder(p.job(&p.url()), &sb);
-    let b = waiting(Job::spawn(p.job(&p.url()), Marks::new(&sb, "b"), false));
+    paused_waiter(&p, &sb);
+}
+
+/// The scenario of the test above on the lease `p`.
+#[track_caller]
+pub(crate) fn paused_waiter(p: &impl Lease, sb: &Sandbox) {
+    let (mut a, a_child, a_token) = beating_holder(p.holder(), sb);
+    let b = waiting(Job::spawn(p.holder(), Marks::new(sb, "b"), false));
     let b_pid = b.run.pid();
     let _resume = ContinueOnDrop(Stopped::Leasewrap, b_pid);
     Stopped::Leasewrap
@@ -399,7 +426,7 @@ fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_aga
         .expect("SIGSTOP");
     let stopped = Instant::now();
     wait_until(STARTUP, "the waiter to stop", || is_stopped(b_pid));
-    a_renewal(&p);
+    a_renewal(p);
     a.run.kill(Signal::SIGKILL);
     let killed = Instant::now();
     assert_all_die_within(Duration::from_secs(1), &[("A's child", a_child)]);

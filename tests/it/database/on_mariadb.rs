@@ -1,19 +1,26 @@
 //! The database lease on a real MariaDB 10.11 (`--database mariadb://`): taking, and fencing
 //! with the row's token in the same server; the handover the holder's named lock wakes; a
 //! crashed or stopped holder taken over only after `L`; `-n` and `status`; another user
-//! refused; a wrong password; a server that is not MariaDB; no or an older installed SQL.
+//! refused; a wrong password; a server that is not MariaDB; no or an older installed SQL; and
+//! of the faults (database::faults) the server restarted within `L` and stopped longer, another
+//! session's row lock, wall clocks hours apart and stepped, a waiter paused while the holder
+//! crashed, and the holder cut off or its answers delayed by the fault proxy (a server of its own
+//! on loopback TCP).
 //!
 //! Every test has a user and a lease name of its own on the one shared server (the fence's,
 //! `mariadb::maria`, with the SQL installed from the shipped file), reached over its socket.
 
 use std::time::Instant;
 
+use nix::sys::signal::Signal;
+
 use super::faults::{a_renewal, beating_holder, carried_on_after_a_restart};
 use super::{refused_in_one_line, Lease};
-use crate::etcd::TTL_ARG;
+use crate::etcd::{TTL, TTL_ARG};
 use crate::mariadb::{install, maria, user};
 use crate::support::etcd::{self, Version};
 use crate::support::mariadb::Mariadb;
+use crate::support::proxy::{Mode, Proxy};
 use crate::support::*;
 
 /// A test's user, tied to its lease name, and the name.
@@ -161,6 +168,16 @@ fn a_take_behind_another_session_s_row_lock_gives_up_with_69_and_takes_once_the_
     super::faults::a_take_behind_a_row_lock(&p, &Sandbox::new(), lock_the_row);
 }
 
+#[test]
+fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl() {
+    super::faults::wall_clocks_apart(&place("wall_clocks"), &Sandbox::new());
+}
+
+#[test]
+fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_again() {
+    super::faults::paused_waiter(&place("paused_waiter"), &Sandbox::new());
+}
+
 scenarios!("the holder's named lock");
 
 #[test]
@@ -259,31 +276,62 @@ fn a_server_without_the_sql_or_with_an_older_one_is_78_naming_fence_sql() {
     );
 }
 
+/// A user of its own on `server`, tied to the lease name `LABEL.job`.
+fn own_place<'a>(server: &'a Mariadb, label: &str) -> Place<'a> {
+    install(server);
+    let user = user(server, label, "job");
+    let name = format!("{label}.job");
+    server.sql_ok("", &format!("CALL leasewrap.allow('{user}', '{name}')"));
+    Place { server, user, name }
+}
+
 /// The server restarted (SIGTERM, then mariadbd again: about 3 s) while a holder with a TTL of
 /// 10 s runs: it reconnects and renews while D is ahead, its child untouched, its token kept.
 /// A server of its own: the shared one serves every test.
 #[test]
 fn a_holder_rides_out_a_server_restarted_within_l_and_keeps_its_token() {
-    let mut server = Mariadb::start();
-    install(&server);
-    let user = user(&server, "restart", "job");
-    let name = "restart.job".to_owned();
-    server.sql_ok("", &format!("CALL leasewrap.allow('{user}', '{name}')"));
+    let server = Mariadb::start();
+    let p = own_place(&server, "restart");
     let sb = Sandbox::new();
-    let p = Place {
-        server: &server,
-        user: user.clone(),
-        name: name.clone(),
-    };
     let lw = p.quiet_with_ttl(&p.url(), "10s").args(&["-vv"]);
     let holder = beating_holder(lw, &sb);
     a_renewal(&p);
     let stopped = Instant::now();
     server.restart();
-    let p = Place {
-        server: &server,
-        user,
-        name,
-    };
     carried_on_after_a_restart(&p, holder, stopped, "SIGTERM, start");
+}
+
+/// The server stopped (SIGTERM) for 2 × L: the holder's child dies by D, and a waiter takes the
+/// next token once the server is back. A server of its own.
+#[test]
+fn a_server_down_longer_than_l_kills_the_holder_s_child_by_d_and_a_waiter_takes_over_when_it_is_back(
+) {
+    let server = Mariadb::start();
+    let p = own_place(&server, "down");
+    let (stop, start) = (|| server.stop(Signal::SIGTERM), || server.start_again());
+    super::faults::down_longer_than_l(&p, (&stop, &start), "SIGTERM, mariadbd again");
+}
+
+/// A holder through the fault proxy, blackholed past `L`, is dead before a waiter on the server
+/// itself takes over. A server of its own, listening on loopback TCP for the proxy.
+#[test]
+fn a_holder_cut_off_from_the_server_is_dead_before_the_waiter_takes_over() {
+    behind_the_proxy("partition", Mode::Blackhole);
+}
+
+/// The holder's answers 0.6 L late (its renewals reach the server): its child dies by D, before
+/// the waiter takes over. A server of its own, as above.
+#[test]
+fn a_holder_whose_answers_are_delayed_past_d_is_dead_before_the_waiter_takes_over() {
+    behind_the_proxy("delayed", Mode::DelayReplies(TTL.mul_f64(0.6)));
+}
+
+/// A holder through the fault proxy, its link turned to `fault`, on a server of its own.
+#[track_caller]
+fn behind_the_proxy(label: &str, fault: Mode) {
+    let server = Mariadb::start_on_loopback();
+    let p = own_place(&server, label);
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap());
+    let through = p.quiet(&format!("mariadb://{}@{}/", p.user, proxy.addr()));
+    super::cut_off(&p, &proxy, through.args(&["-vv"]), fault);
 }

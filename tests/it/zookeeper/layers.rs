@@ -4,7 +4,6 @@
 //! whose op failed, a move made before it started). The `seams` feature makes these modules
 //! public to the tests alone.
 
-use std::future::Future;
 use std::time::Duration;
 
 use leasewrap::clock::BootInstant;
@@ -17,18 +16,12 @@ use leasewrap::lease::zk::session::{self, Options, State, Zk, ZkError};
 use leasewrap::lease::zk::wire::{Acl, Mode};
 use leasewrap::lease::LossReason;
 
+use crate::support::block_on;
 use crate::support::zkfake::{Cue, FakeZk};
 
 const MIN: i32 = 400;
 const MAX: i32 = 8000;
 const BOUND: Duration = Duration::from_secs(10);
-
-fn block_on<F: Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    rt.expect("a runtime").block_on(f)
-}
 
 /// A session on the fake's members in order from a random one, asking `timeout`.
 async fn open(fake: &FakeZk, members: usize, timeout: Duration) -> Zk {
