@@ -99,6 +99,20 @@ const fn zk_own(row: &'static str, value: &'static str, bound: Bound, unit: Unit
     }
 }
 
+/// A goal of issue 33 (the database lease).
+const fn db(row: &'static str, value: &'static str, bound: Bound, unit: Unit) -> Goal {
+    Goal {
+        row,
+        value,
+        bound,
+        unit,
+        from: "issue 33",
+    }
+}
+
+/// What the database lease's goals compare with.
+const ON_ETCD: &str = "leasewrap on etcd";
+
 /// What the database fence's goal compares with: the same one-row transaction without it.
 const PLAIN_TRANSACTION: &str = "the plain transaction";
 
@@ -155,6 +169,12 @@ pub const GOALS: &[Goal] = &[
         Count("packets a second"),
     ),
     zk("rss-zk", "median_mb", AtMost(8.0), Mb),
+    db("true-pg", "ratio", AtMost(1.0), Times(ON_ETCD)),
+    db("true-mariadb", "ratio", AtMost(1.0), Times(ON_ETCD)),
+    db("handover-pg", "ratio", AtMost(1.2), Times(ON_ETCD)),
+    db("handover-mariadb", "ratio", AtMost(1.2), Times(ON_ETCD)),
+    db("rss-pg", "median_mb", AtMost(8.0), Mb),
+    db("rss-mariadb", "median_mb", AtMost(8.0), Mb),
     goal("paused-etcd", "stale_accepted", AtMost(0.0), Count(STALE)),
     goal("paused-zk", "stale_accepted", AtMost(0.0), Count(STALE)),
 ];

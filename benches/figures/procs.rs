@@ -60,8 +60,21 @@ impl Procs {
         self.spared.insert(pid);
     }
 
+    /// Keeps every process that descends from the harness now (servers a figure started) out
+    /// of every sweep.
+    pub fn spare_every_descendant(&mut self) {
+        let table = proc_table();
+        let ours: Vec<i32> = self.ours(&table).map(|p| p.pid).collect();
+        self.spared.extend(ours);
+    }
+
+    /// The file the log `name` is written to.
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.logs.join(format!("{name}.log"))
+    }
+
     pub fn log(&self, name: &str) -> File {
-        let path = self.logs.join(format!("{name}.log"));
+        let path = self.log_path(name);
         let open = OpenOptions::new().create(true).append(true).open(&path);
         open.unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
     }
@@ -330,6 +343,16 @@ pub fn cpu_ticks(pid: i32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
     Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+}
+
+/// VmHWM of the supervisor `pid` and its watchdog (its children but the one running `child`),
+/// in KiB.
+pub fn supervisor_hwm_kib(pid: i32, child: i32) -> u64 {
+    let mut pids = vec![pid];
+    pids.extend(children(pid).into_iter().filter(|&c| c != child));
+    pids.iter()
+        .map(|p| kb_field(&format!("/proc/{p}/status"), "VmHWM"))
+        .sum()
 }
 
 /// A `Field:  N kB` line of a /proc file, in kB; 0 when it is missing.

@@ -5,6 +5,7 @@
 //! - write to write: from the holder's child's last write to the waiter's child's first write
 //!   (IN_MODIFY on the files their stdout goes to).
 
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::path::Path;
 
@@ -178,4 +179,55 @@ fn once(bench: &mut Bench, tool: Tool, name: &str, series: &mut Series) -> Gaps 
 fn append(path: &Path) -> File {
     let file = OpenOptions::new().append(true).open(path);
     file.unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
+
+/// A backend figure 3's exec-to-exit measure runs on: how its leasewrap's command line reads,
+/// and when its waiter is queued.
+pub trait Backend {
+    /// The command line of a leasewrap on it running `child`.
+    fn argv(&self, bench: &Bench, child: &[OsString]) -> Vec<OsString>;
+
+    /// Called once the holder's child runs, before the waiter starts.
+    fn holder_started(&mut self, _bench: &mut Bench) {}
+
+    /// Returns once the waiter (whose stderr goes to `waiter_log`) waits for the lease; `pids`
+    /// are both supervisors'.
+    fn wait_queued(&mut self, bench: &mut Bench, pids: &[i32], waiter_log: &str);
+}
+
+/// Figure 3's exec-to-exit measure of one handover on `on`: a holder running `cat FIFO` and a
+/// waiter running `echo`, released once the waiter is queued; in ms.
+pub fn exec_gap(bench: &mut Bench, on: &mut dyn Backend, label: &str) -> f64 {
+    let fifo = Fifo::new(bench.path(&format!("fifo-{label}")));
+    bench.events.reset();
+    let hold = os(&[bench.child(Child::Hold).as_os_str(), fifo.0.as_os_str()]);
+    let holder = bench
+        .procs
+        .spawn(&on.argv(bench, &hold), &format!("{label}-holder"), None);
+    let (_, child) = bench.started(Child::Hold, &[holder]);
+    on.holder_started(bench);
+    let next = os(&[bench.child(Child::Next).as_os_str(), "first".as_ref()]);
+    let waiter_log = format!("{label}-waiter");
+    let waiter = bench.procs.spawn(&on.argv(bench, &next), &waiter_log, None);
+    on.wait_queued(bench, &[holder, waiter], &waiter_log);
+    let gap = exit_to_exec(bench, child, (&fifo, b"x\n"), Child::Next);
+    bench.procs.finish(&[holder, waiter], START_BOUND, 0);
+    bench.sweep();
+    gap
+}
+
+/// Ends the holder's child `child` (`cat FIFO`) by writing `line` to the FIFO and closing it,
+/// and times its exit (label `exit`) to the exec of `next`, in ms.
+pub fn exit_to_exec(
+    bench: &mut Bench,
+    child: i32,
+    (fifo, line): (&Fifo, &[u8]),
+    next: Child,
+) -> f64 {
+    bench.events.watch_exit(child, EXIT);
+    fifo.release(line);
+    let got = bench.events.wait_all(&[EXIT, next.label()], START_BOUND);
+    assert_eq!(got.len(), 2, "handover: saw only {:?}", got.keys());
+    let gap = got[next.label()].duration_since(got[EXIT]);
+    gap.as_secs_f64() * 1e3
 }

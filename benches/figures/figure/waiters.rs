@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::bench::{os, Bench, Child, Fifo, Lock, Tool, START_BOUND};
+use super::handover::exit_to_exec;
+use crate::bench::{os, Bench, Child, Fifo, Lock, Tool};
 use crate::report::{Figure, Row};
 use crate::stats::{ratio, Summary};
 
@@ -141,13 +142,7 @@ fn chain(bench: &mut Bench, waiters: usize) -> Chain {
 /// Ends the holder's child and times the handover to the next, in ms.
 fn hand_on(bench: &mut Bench, fifo: &Fifo, together: &mut usize) -> f64 {
     let holder_child = bench.only_runner(Child::Chain);
-    bench.events.watch_exit(holder_child, EXIT);
-    fifo.release(b"");
-    let got = bench
-        .events
-        .wait_all(&[EXIT, Child::Chain.label()], START_BOUND);
-    assert_eq!(got.len(), 2, "chain handover: saw only {:?}", got.keys());
+    let gap = exit_to_exec(bench, holder_child, (fifo, b""), Child::Chain);
     *together += usize::from(bench.events.together(EXIT, Child::Chain.label()));
-    let next = got[Child::Chain.label()];
-    next.duration_since(got[EXIT]).as_secs_f64() * 1e3
+    gap
 }

@@ -9,9 +9,10 @@ use std::ffi::OsString;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::handover::{exec_gap, Backend};
 use super::whole_run::{alternate, Run};
-use crate::bench::{os, Bench, Child, Fifo, Lock, Tool, QUEUE_BOUND, START_BOUND};
-use crate::procs::{children, kb_field};
+use crate::bench::{os, Bench, Child, Lock, Tool, QUEUE_BOUND, START_BOUND};
+use crate::procs::supervisor_hwm_kib;
 use crate::report::{Figure, Row};
 use crate::stats::{dist, median, ratio};
 use crate::support::zookeeper::{self, Zk};
@@ -133,33 +134,42 @@ fn handover_row(bench: &mut Bench, zk: &Zk) -> Row {
 
 /// One handover on the ZooKeeper `zk`, or on etcd when None; its exec-to-exit gap in ms.
 fn handover_once(bench: &mut Bench, zk: Option<&Zk>, name: &str) -> f64 {
-    let fifo = Fifo::new(bench.path(&format!("fifo-{name}")));
-    bench.events.reset();
-    let lock = Lock::new(name);
-    let argv = |bench: &Bench, child: &[OsString]| match zk {
-        Some(zk) => argv_zk(bench, zk, &lock, child),
-        None => bench.argv(Tool::Leasewrap, &lock, child),
+    let mut on = OnZk {
+        zk,
+        lock: Lock::new(name),
+        watches: 0,
     };
-    let hold = os(&[bench.child(Child::Hold).as_os_str(), fifo.0.as_os_str()]);
-    let holder = bench.procs.spawn(&argv(bench, &hold), "zk-handover", None);
-    let (_, child) = bench.started(Child::Hold, &[holder]);
-    let watches = zk.map(|zk| zookeeper::total_watches(zk.port()).expect("wchs answers"));
-    let next = os(&[bench.child(Child::Next).as_os_str(), "first".as_ref()]);
-    let waiter = bench.procs.spawn(&argv(bench, &next), "zk-handover", None);
-    match (zk, watches) {
-        (Some(zk), Some(watches)) => wait_queued(zk, name, watches),
-        _ => bench.wait_queued(Tool::Leasewrap, 1, &[holder, waiter]),
+    exec_gap(bench, &mut on, name)
+}
+
+/// ZooKeeper (or etcd, when None) for figure 3's measure, and the watches it had with the
+/// holder alone.
+struct OnZk<'a> {
+    zk: Option<&'a Zk>,
+    lock: Lock,
+    watches: u64,
+}
+
+impl Backend for OnZk<'_> {
+    fn argv(&self, bench: &Bench, child: &[OsString]) -> Vec<OsString> {
+        match self.zk {
+            Some(zk) => argv_zk(bench, zk, &self.lock, child),
+            None => bench.argv(Tool::Leasewrap, &self.lock, child),
+        }
     }
-    bench.events.watch_exit(child, "exit");
-    fifo.release(b"x\n");
-    let got = bench
-        .events
-        .wait_all(&["exit", Child::Next.label()], START_BOUND);
-    assert_eq!(got.len(), 2, "handover {name}: saw only {:?}", got.keys());
-    bench.procs.finish(&[holder, waiter], START_BOUND, 0);
-    bench.sweep();
-    let gap = got[Child::Next.label()].duration_since(got["exit"]);
-    gap.as_secs_f64() * 1e3
+
+    fn holder_started(&mut self, _bench: &mut Bench) {
+        if let Some(zk) = self.zk {
+            self.watches = zookeeper::total_watches(zk.port()).expect("wchs answers");
+        }
+    }
+
+    fn wait_queued(&mut self, bench: &mut Bench, pids: &[i32], _waiter_log: &str) {
+        match self.zk {
+            Some(zk) => wait_queued(zk, &self.lock.name, self.watches),
+            None => bench.wait_queued(Tool::Leasewrap, 1, pids),
+        }
+    }
 }
 
 /// Waits until lease `name` has its holder's and one waiter's node, and the waiter's watch on
@@ -270,12 +280,7 @@ fn hold_and_read(bench: &mut Bench, zk: &Zk, name: &str) -> (f64, Cost) {
         assert!(after.elapsed() < START_BOUND, "no request from the holder");
         thread::sleep(LOOK);
     }
-    let mut pids = vec![pid];
-    pids.extend(children(pid).into_iter().filter(|&c| c != child));
-    let kib: u64 = pids
-        .iter()
-        .map(|p| kb_field(&format!("/proc/{p}/status"), "VmHWM"))
-        .sum();
+    let kib = supervisor_hwm_kib(pid, child);
     let before = Cost::of(zk);
     thread::sleep(COUNTED_FOR);
     let now = Cost::of(zk);
