@@ -183,7 +183,15 @@ pub(crate) trait Lease {
     fn quiet_run(&self) -> Leasewrap;
     /// The lease's row: `version|token|held`.
     fn lease_row(&self) -> String;
+    /// Plays what a promoted asynchronous replica that lost the holder's take (or a restore)
+    /// leaves once another run took the row again: the same token held under another holder
+    /// record, the version moved; then ends every session of the test's role, as the failover
+    /// ends the holder's connection.
+    fn bring_back_under_another_run(&self);
 }
+
+/// The holder record of a run on another host, for `Lease::bring_back_under_another_run`.
+const ANOTHER_RUN: &str = r#"{"host":"elsewhere","pid":1,"command":["job"],"args":0,"start":1.5}"#;
 
 impl Lease for Place<'_> {
     fn holder(&self) -> Leasewrap {
@@ -208,6 +216,19 @@ impl Lease for Place<'_> {
 
     fn lease_row(&self) -> String {
         self.row()
+    }
+
+    fn bring_back_under_another_run(&self) {
+        let sql = format!(
+            "UPDATE leasewrap_data.lease SET version = version + 1, holder = '{ANOTHER_RUN}' WHERE name = '{}'",
+            self.name
+        );
+        self.pg.psql_ok(&self.db, &sql);
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = '{}'",
+            self.role
+        );
+        self.pg.psql_ok(&self.db, &sql);
     }
 }
 

@@ -268,13 +268,12 @@ impl Db {
         };
         let schedule =
             DbSchedule::taken(&self.params, t_send).map_err(|e| Error::Usage(e.to_string()))?;
-        let keeper = Keeper::start(
-            self.cfg.clone(),
-            name.to_owned(),
+        let own = Own {
+            name: name.to_owned(),
             token,
-            schedule,
-            Some(conn),
-        );
+            record: record.to_owned(),
+        };
+        let keeper = Keeper::start(self.cfg.clone(), own, schedule, Some(conn));
         if BootInstant::now() >= keeper.now().stop_at {
             // The take came back too late to run anything: give it back and watch again.
             DbHeld::give_back(&self.cfg, keeper, name, token).await;
@@ -425,6 +424,12 @@ struct DbHeld {
 impl DbHeld {
     /// Stop renewing and set the row free, so that the next waiter starts within milliseconds.
     async fn give_back(cfg: &DbConfig, keeper: Keeper, name: &str, token: u64) {
+        if let Some(LossReason::KeyReplaced(_) | LossReason::KeyGone(_)) = keeper.now().lost {
+            // Another run's now, or free: nothing of ours to set free, and a run that holds it
+            // under our token (`Renewer::renew`) must keep it.
+            keeper.stop().await;
+            return;
+        }
         let conn = keeper.stop().await;
         let release = async move {
             let mut conn = match conn {
@@ -500,13 +505,7 @@ struct Keeper {
 }
 
 impl Keeper {
-    fn start(
-        cfg: DbConfig,
-        name: String,
-        token: u64,
-        schedule: DbSchedule,
-        conn: Option<Conn>,
-    ) -> Self {
+    fn start(cfg: DbConfig, own: Own, schedule: DbSchedule, conn: Option<Conn>) -> Self {
         let (tx, state) = watch::channel(KeeperState {
             deadline: schedule.deadline(),
             stop_at: schedule.stop_at(),
@@ -516,8 +515,7 @@ impl Keeper {
         let (stop, stopped) = oneshot::channel();
         let renewer = Renewer {
             cfg,
-            name,
-            token,
+            own,
             schedule,
             conn,
             tx,
@@ -549,11 +547,17 @@ impl Keeper {
     }
 }
 
+/// What the holder took: NAME, its token, and the holder record its take wrote in the row.
+struct Own {
+    name: String,
+    token: u64,
+    record: String,
+}
+
 /// The renewing side of [`Keeper`].
 struct Renewer {
     cfg: DbConfig,
-    name: String,
-    token: u64,
+    own: Own,
     schedule: DbSchedule,
     conn: Option<Conn>,
     tx: watch::Sender<KeeperState>,
@@ -586,27 +590,48 @@ impl Renewer {
         }
     }
 
-    /// One renewal, bounded by its due time; a failure drops the connection.
+    /// One renewal, bounded by its due time; a failure drops the connection. On a new connection
+    /// the row is read first: a run that holds it under our token, with another holder record,
+    /// means the row was brought back (a promoted asynchronous replica or a restore lost our
+    /// take, and a take since counted to our token again). The renewal's compare-and-set on the
+    /// token alone would renew that run's row for us: the lease is lost instead.
     async fn renew(&mut self) -> bool {
         let due = |s: &DbSchedule, t: BootInstant| match s.next(t) {
             Next::AwaitReplyUntil(d) => d,
             _ => t,
         };
-        let (cfg, name, token) = (&self.cfg, self.name.as_str(), self.token);
+        let (cfg, own) = (&self.cfg, &self.own);
         let schedule = &mut self.schedule;
         let mut conn = self.conn.take();
+        let mut brought_back = false;
         let within = BootInstant::now().until(schedule.stop_at());
         let attempt = async {
             let c = match conn.as_mut() {
                 Some(c) => c,
-                None => conn.insert(connect(cfg).await?),
+                None => {
+                    let c = conn.insert(connect(cfg).await?);
+                    let row = c.read(&own.name).await?;
+                    if row.held && row.token == own.token && row.holder != own.record {
+                        brought_back = true;
+                        return Ok(Renewal::Refused(KeySeen::Replaced));
+                    }
+                    c
+                }
             };
             let t_send = BootInstant::now();
             schedule.sent(t_send);
             let left = t_send.until(due(schedule, t_send));
-            bounded(cfg, left, c.renew(name, token)).await
+            bounded(cfg, left, c.renew(&own.name, own.token)).await
         };
         let answer = tokio::time::timeout(within, attempt).await;
+        if brought_back {
+            let why = format!(
+                "the row of {:?} (held by another run under our token {}: the row was brought back)",
+                own.name, own.token
+            );
+            lose(&self.tx, LossReason::KeyReplaced(why));
+            return false;
+        }
         let answer = answer.unwrap_or_else(|_| Err(Error::Unavailable("no connection".into())));
         self.judge(answer, conn)
     }
@@ -629,7 +654,7 @@ impl Renewer {
                 true
             }
             Verdict::KeyLost(seen) => {
-                lose(&self.tx, loss(&self.name, seen));
+                lose(&self.tx, loss(&self.own.name, seen));
                 false
             }
             Verdict::Lost(why) => {

@@ -194,6 +194,44 @@ pub(crate) fn down_longer_than_l(p: &impl Lease, (stop, start): (&dyn Fn(), &dyn
 }
 
 // ---------------------------------------------------------------------------------------------
+// The row brought back: a promoted asynchronous replica, or a restore.
+
+#[test]
+fn a_row_brought_back_under_another_run_with_the_holder_s_token_is_lost_at_the_reconnect() {
+    let (p, sb) = fresh("brought_back");
+    brought_back(&p, &sb);
+}
+
+/// The holder's session ends and its row comes back held under its own token by another run (a
+/// promoted replica lost the take, and a take since counted to the same token): at its
+/// reconnect the holder reads the row, loses the lease (its child stopped, exit 124) and leaves
+/// the other run's row held. A compare-and-set on the token alone would renew it as its own.
+#[track_caller]
+pub(crate) fn brought_back(p: &impl Lease, sb: &Sandbox) {
+    let (mut a, child, token) = beating_holder(p.holder(), sb);
+    a_renewal(p);
+    p.bring_back_under_another_run();
+    let back = Instant::now();
+    let dead = death_after(child, back, TTL + STARTUP);
+    a.wait(STARTUP);
+    assert_exit(&a.run, 124);
+    let stderr = a.run.stderr();
+    assert!(stderr.contains("the row was brought back"), "{stderr}");
+    let row = p.lease_row();
+    let fields: Vec<&str> = row.split('|').collect();
+    assert!(
+        fields[1..] == [token.to_string().as_str(), "true"]
+            || fields[1..] == [token.to_string().as_str(), "1"],
+        "the other run's row was not left held: {row}"
+    );
+    eprintln!(
+        "{}: the row brought back under another run with token {token}; the holder's child was seen dead {:.0} ms after, the row left held",
+        p.server(),
+        dead.as_secs_f64() * 1e3
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Another session holding the lease's row lock.
 
 /// `SELECT ... FOR UPDATE` of the lease's row in a psql session of the test's own, which holds

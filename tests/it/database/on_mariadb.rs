@@ -143,6 +143,22 @@ impl Lease for Place<'_> {
     fn lease_row(&self) -> String {
         self.row()
     }
+
+    fn bring_back_under_another_run(&self) {
+        let sql = format!(
+            "UPDATE leasewrap.lease SET version = version + 1, holder = '{}' WHERE name = '{}'",
+            super::ANOTHER_RUN,
+            self.name
+        );
+        self.server.sql_ok("", &sql);
+        let sql = format!(
+            "SELECT id FROM information_schema.processlist WHERE user = '{}'",
+            self.user
+        );
+        for id in self.server.sql_ok("", &sql).split_whitespace() {
+            self.server.sql_ok("", &format!("KILL CONNECTION {id}"));
+        }
+    }
 }
 
 /// The lease's row locked by another session (root's: job users have no right on the table)
@@ -176,6 +192,11 @@ fn wall_clocks_hours_apart_and_stepped_change_neither_the_handover_nor_the_ttl()
 #[test]
 fn a_waiter_paused_while_the_holder_crashed_takes_over_only_l_after_it_reads_again() {
     super::faults::paused_waiter(&place("paused_waiter"), &Sandbox::new());
+}
+
+#[test]
+fn a_row_brought_back_under_another_run_with_the_holder_s_token_is_lost_at_the_reconnect() {
+    super::faults::brought_back(&place("brought_back"), &Sandbox::new());
 }
 
 scenarios!("the holder's named lock");
