@@ -1,4 +1,4 @@
-//! Two things the binary learns at build time:
+//! What the binary learns, and how it is laid out, at build time:
 //!
 //! - What `leasewrap --version` says beside the version: the commit it was built from (git, or
 //!   the `.cargo_vcs_info.json` of a packaged crate; "commit unknown" outside both), and the
@@ -12,6 +12,7 @@
 //!   BENCHMARKS.md). The static unwinder comes first on the link line, so the linker
 //!   (`--as-needed`) finds no symbol left for libgcc_s.so.1 and drops it. With a compiler that
 //!   has no libgcc_eh.a (not gcc: zig's cc brings its own unwinder), nothing changes.
+//! - The order of the functions in a release binary: the ones runs execute first (`hot_first`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,6 +33,61 @@ fn main() {
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
     println!("cargo:rustc-env=LONG_VERSION={version} ({built})");
     static_unwinder(&cc_var);
+    hot_first();
+}
+
+/// The functions that runs execute, first in the binary's text (build/hot-functions.txt, made by
+/// scripts/hot-functions.sh), on a release build linked by the toolchain's own lld: a run then
+/// touches about 1 MiB of the text, packed, where the same functions spread over 3.5 MiB of it.
+/// The kernel maps the 64 KiB around each page a run touches, so a holder's resident size is
+/// mostly where its code lies (BENCHMARKS.md, "Peak RSS"). Names not in the binary are skipped;
+/// with another linker (a portable build's zig, an older toolchain's GNU ld), nothing changes.
+fn hot_first() {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
+    let file = Path::new(&dir).join("build/hot-functions.txt");
+    println!("cargo:rerun-if-changed={}", file.display());
+    for var in ["PROFILE", "CARGO_ENCODED_RUSTFLAGS", LINKER_VAR, MAP_VAR] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    if std::env::var("PROFILE").as_deref() != Ok("release") || !links_with_lld() {
+        return;
+    }
+    if file.is_file() {
+        let ordering = format!("-Wl,--symbol-ordering-file={}", file.display());
+        println!("cargo:rustc-link-arg-bins={ordering}");
+        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+    }
+    // Where each function of the (stripped) binary lies, for scripts/hot-functions.sh.
+    if let Some(map) = std::env::var_os(MAP_VAR) {
+        println!("cargo:rustc-link-arg-bins=-Wl,-Map={}", Path::new(&map).display());
+    }
+}
+
+/// The link map scripts/hot-functions.sh asks for: the file the linker writes it to.
+const MAP_VAR: &str = "LEASEWRAP_LINK_MAP";
+
+/// The variable that names another linker for the one target `links_with_lld` knows.
+const LINKER_VAR: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER";
+
+/// Whether rustc links this build with its own lld: its default on x86_64 Linux (glibc) since
+/// Rust 1.90, unless a linker or linker flags are given (cargo-zigbuild gives its own).
+fn links_with_lld() -> bool {
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    if target != "x86_64-unknown-linux-gnu" || flags.contains("link") {
+        return false;
+    }
+    if std::env::var_os(LINKER_VAR).is_some() || zig_target(&target).is_some() {
+        return false;
+    }
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = Command::new(rustc).arg("--version").output().ok();
+    let version = version.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    // "rustc 1.95.0 (59807616e 2026-04-14)"
+    let minor = version
+        .as_deref()
+        .and_then(|v| v.split('.').nth(1)?.parse::<u32>().ok());
+    minor.is_some_and(|m| m >= 90)
 }
 
 /// The glibc the binary is linked against, on a glibc target: cargo-zigbuild's (it names the
@@ -41,9 +97,7 @@ fn glibc_floor(target: &str) -> Option<String> {
     if std::env::var("CARGO_CFG_TARGET_ENV").ok()? != "gnu" {
         return None;
     }
-    let zig = format!("CARGO_ZIGBUILD_TARGET_{}", target.replace('-', "_"));
-    println!("cargo:rerun-if-env-changed={zig}");
-    if let Ok(zig_target) = std::env::var(&zig) {
+    if let Some(zig_target) = zig_target(target) {
         // `x86_64-linux-gnu.2.17`; without a version, zig's default, which it does not name.
         let version = zig_target.split_once("gnu.").map(|(_, v)| v.to_owned());
         let numeric = |v: &String| v.split('.').all(|n| n.parse::<u32>().is_ok());
@@ -59,6 +113,13 @@ fn glibc_floor(target: &str) -> Option<String> {
         .ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
     text.trim().strip_prefix("glibc ").map(str::to_owned)
+}
+
+/// The target cargo-zigbuild builds for (`x86_64-linux-gnu.2.17`), when it runs this build.
+fn zig_target(target: &str) -> Option<String> {
+    let zig = format!("CARGO_ZIGBUILD_TARGET_{}", target.replace('-', "_"));
+    println!("cargo:rerun-if-env-changed={zig}");
+    std::env::var(&zig).ok()
 }
 
 /// The commit being built, shortened: from git when the package is the top of a work tree,
