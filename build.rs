@@ -59,7 +59,10 @@ fn hot_first() {
     }
     // Where each function of the (stripped) binary lies, for scripts/hot-functions.sh.
     if let Some(map) = std::env::var_os(MAP_VAR) {
-        println!("cargo:rustc-link-arg-bins=-Wl,-Map={}", Path::new(&map).display());
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,-Map={}",
+            Path::new(&map).display()
+        );
     }
 }
 
