@@ -79,7 +79,8 @@ for b in range(1, backends + 1):
     for run in ("holder", "watchdog", "waiter"):
         for line in open(f"{work}/{b}.{run}"):
             mark, _, name = line.strip().rpartition(" ")
-            (watchdog if mark == "W" else set()).add(name)
+            if mark == "W":
+                watchdog.add(name)
             reached[name].add(b)
 groups = collections.defaultdict(list)
 for name, by in reached.items():

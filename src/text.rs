@@ -17,6 +17,11 @@ pub fn printable(text: &str) -> String {
         .collect()
 }
 
+/// `bytes` as lowercase hex, two digits each: a digest, or bytes that are not text.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Whether `c` prints as itself: not a control, escape or format character.
 fn shows_as_itself(c: char) -> bool {
     matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1

@@ -78,10 +78,7 @@ impl Mariadb {
     /// The same, listening on a free loopback TCP port too.
     #[track_caller]
     pub fn start_on_loopback() -> Mariadb {
-        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-        let port = free.local_addr().expect("its address").port();
-        drop(free);
-        Mariadb::start_with(Some(port))
+        Mariadb::start_with(Some(super::etcd::free_port()))
     }
 
     #[track_caller]

@@ -151,10 +151,7 @@ impl My {
 /// go in as the client library writes them.
 fn statement(procedure: &str, params: &[mysql_async::Value]) -> String {
     let literal = |v: &mysql_async::Value| match v {
-        mysql_async::Value::Bytes(b) => {
-            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            format!("_utf8mb4 X'{hex}'")
-        }
+        mysql_async::Value::Bytes(b) => format!("_utf8mb4 X'{}'", crate::text::hex(b)),
         other => other.as_sql(true),
     };
     let args: Vec<String> = params.iter().map(literal).collect();

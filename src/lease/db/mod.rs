@@ -424,13 +424,13 @@ struct DbHeld {
 impl DbHeld {
     /// Stop renewing and set the row free, so that the next waiter starts within milliseconds.
     async fn give_back(cfg: &DbConfig, keeper: Keeper, name: &str, token: u64) {
-        if let Some(LossReason::KeyReplaced(_) | LossReason::KeyGone(_)) = keeper.now().lost {
+        let lost = keeper.now().lost;
+        let conn = keeper.stop().await;
+        if let Some(LossReason::KeyReplaced(_) | LossReason::KeyGone(_)) = lost {
             // Another run's now, or free: nothing of ours to set free, and a run that holds it
             // under our token (`Renewer::renew`) must keep it.
-            keeper.stop().await;
             return;
         }
-        let conn = keeper.stop().await;
         let release = async move {
             let mut conn = match conn {
                 Some(c) => c,
@@ -603,7 +603,6 @@ impl Renewer {
         let (cfg, own) = (&self.cfg, &self.own);
         let schedule = &mut self.schedule;
         let mut conn = self.conn.take();
-        let mut brought_back = false;
         let within = BootInstant::now().until(schedule.stop_at());
         let attempt = async {
             let c = match conn.as_mut() {
@@ -612,8 +611,7 @@ impl Renewer {
                     let c = conn.insert(connect(cfg).await?);
                     let row = c.read(&own.name).await?;
                     if row.held && row.token == own.token && row.holder != own.record {
-                        brought_back = true;
-                        return Ok(Renewal::Refused(KeySeen::Replaced));
+                        return Ok(None);
                     }
                     c
                 }
@@ -621,18 +619,21 @@ impl Renewer {
             let t_send = BootInstant::now();
             schedule.sent(t_send);
             let left = t_send.until(due(schedule, t_send));
-            bounded(cfg, left, c.renew(&own.name, own.token)).await
+            bounded(cfg, left, c.renew(&own.name, own.token))
+                .await
+                .map(Some)
         };
         let answer = tokio::time::timeout(within, attempt).await;
-        if brought_back {
+        let answer = answer.unwrap_or_else(|_| Err(Error::Unavailable("no connection".into())));
+        // No renewal: the row was brought back.
+        let Some(answer) = answer.transpose() else {
             let why = format!(
                 "the row of {:?} (held by another run under our token {}: the row was brought back)",
                 own.name, own.token
             );
             lose(&self.tx, LossReason::KeyReplaced(why));
             return false;
-        }
-        let answer = answer.unwrap_or_else(|_| Err(Error::Unavailable("no connection".into())));
+        };
         self.judge(answer, conn)
     }
 

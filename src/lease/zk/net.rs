@@ -310,10 +310,7 @@ pub async fn read_frame(io: &mut (impl AsyncRead + Unpin + ?Sized)) -> Result<Ve
 fn looks_like(head: &[u8; 4]) -> String {
     match head.iter().all(|b| b.is_ascii_graphic()) {
         true => format!("it begins {:?}", String::from_utf8_lossy(head)),
-        false => format!(
-            "it begins 0x{}",
-            head.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ),
+        false => format!("it begins 0x{}", crate::text::hex(head)),
     }
 }
 

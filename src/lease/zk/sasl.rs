@@ -8,6 +8,7 @@ use md5::{Digest, Md5};
 
 use super::net::{handshake_answer, Failure, Io};
 use super::wire::{In, Op, Out};
+use crate::text::hex;
 
 /// The service and server names ZooKeeper's DIGEST-MD5 server expects in `digest-uri`.
 const DIGEST_URI: &str = "zookeeper/zk-sasl-md5";
@@ -147,10 +148,6 @@ fn directive(text: &str, key: &str) -> Option<String> {
 /// A value inside double quotes: `"` and `\` escaped.
 fn quoted(text: &str) -> String {
     text.replace('\\', "\\\\").replace('"', "\\\"")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
